@@ -1,0 +1,34 @@
+# llama-srb: `make serve` and `make test` set everything up from a clean clone.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PORT   ?= 9090
+
+.PHONY: serve test lint bench install
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo ">> installing llama-srb and its dependencies into $(VENV)"
+	@echo ">> the first install builds llama-cpp-python from source: about 12 minutes on 2 cores"
+	@echo ">> (pip caches the built wheel; later installs take seconds)"
+	$(PY) -m pip install --progress-bar on -e ".[dev]"
+	@$(VENV)/bin/llama-srb model-path >/dev/null
+	@touch $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/llama-srb serve --port $(PORT)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy llama_srb bench
+
+bench: $(STAMP)
+	$(PY) bench/bench_batching.py

@@ -1,0 +1,81 @@
+"""`llama-srb serve | model-path`: flags generated from the Settings declarations."""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import logging
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from llama_srb.config import Settings
+
+
+def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
+    """argparse type and choices for a Settings annotation (Optional unwrapped)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        annotation = args[0]
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return str, [m.value for m in annotation]
+    if annotation in (int, float):
+        return annotation, None
+    return str, None  # paths, strings, comma lists: Settings parses them
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    for name, info in Settings.model_fields.items():
+        kind, choices = _flag_type(info.annotation)
+        env = f"LLAMA_SRB_{name.upper()}"
+        default = info.default.value if isinstance(info.default, enum.Enum) else info.default
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=None,  # unset flags leave the environment and the declared default in charge
+            help=f"{info.description} [env {env}; default {default}]",
+        )
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    given = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    return Settings(**given)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="llama-srb", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the OpenAI-compatible server")
+    add_settings_flags(serve)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+    commands.add_parser("model-path", help="print the bundled model's path (assembling it once)")
+    args = parser.parse_args(argv)
+
+    if args.command == "model-path":
+        print(Settings().resolved_model_path())
+        return
+    try:
+        settings = settings_from_args(args)
+    except ValidationError as exc:
+        sys.exit(f"llama-srb: invalid settings:\n{exc}")
+    serve_forever(settings, args.log_level)
+
+
+def serve_forever(settings: Settings, log_level: str) -> None:
+    import uvicorn
+
+    from llama_srb.api.app import create_app
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings.resolved_model_path()  # assemble the bundled model before listening
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The engine: plan a step, decode it, sample every branch, publish what changed.
+
+Single-threaded by design: only the engine thread (runtime.py) calls into it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.native import Batch, Context, DecodeError, Model
+from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
+from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.sampling.chain import build_chain
+from llama_srb.sampling.params import SamplingParams
+from llama_srb.sampling.text import TextStream
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters, read by /metrics and by tests (plain ints: no hot-path cost)."""
+
+    steps: int = 0
+    prompt_tokens_evaluated: int = 0  # prompt tokens actually run through llama_decode
+    generated_tokens: int = 0
+    requests_finished: int = 0
+    decode_seconds: float = 0.0
+
+
+class Engine:
+    def __init__(self, model: Model, ctx: Context, max_sequences: int) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.scheduler = Scheduler(KvBudget(max_sequences, ctx.n_ctx), ctx.n_batch)
+        self.batch = Batch(ctx.n_batch)
+        self.stats = EngineStats()
+        self._eog = np.array(model.eog_tokens, dtype=np.int64)
+
+    def close(self) -> None:
+        self.batch.close()
+
+    # -- submissions (called on the engine thread) -------------------------------------
+
+    def add(self, request: Request) -> None:
+        if not self.scheduler.budget.fits_ever(request):
+            # The API refuses these up front; this guards direct engine users.
+            self._fail(request, f"needs {request.cells_needed} KV cells, {self.ctx.n_ctx} exist")
+            return
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        request = self.scheduler.find(request_id)
+        if request is not None:
+            self._end(request, FinishReason.ABORT)
+
+    # -- the step ----------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Run one decode step; False when there was nothing to do."""
+        plan = self.scheduler.schedule()
+        if plan.empty:
+            return False
+        try:
+            self._decode(plan)
+        except DecodeError as exc:
+            for request in {id(r): r for r in self._requests_in(plan)}.values():
+                self._fail(request, str(exc))
+            return True
+        self._sample(plan)
+        return True
+
+    def _decode(self, plan: StepPlan) -> None:
+        batch = self.batch
+        batch.clear()
+        for request, seq in plan.decode:
+            seq.batch_index = batch.add(seq.tokens[-1], self._pos(request, seq), seq.seq_id, True)
+        for chunk in plan.prefill:
+            request = chunk.request
+            tokens = request.prompt[chunk.start : chunk.end]
+            last = batch.add_span(tokens, chunk.start, request.primary.seq_id, chunk.completes_prompt)
+            request.batch_index = last
+        started = time.perf_counter()
+        self.ctx.decode(batch)
+        self.stats.decode_seconds += time.perf_counter() - started
+        self.stats.steps += 1
+        self.stats.prompt_tokens_evaluated += plan.n_tokens - len(plan.decode)
+
+    def _sample(self, plan: StepPlan) -> None:
+        deltas: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
+
+        def delta_list(request: Request) -> list[ChoiceDelta]:
+            return deltas.setdefault(id(request), (request, []))[1]
+
+        for chunk in plan.prefill:
+            chunk.request.n_prefilled = chunk.end
+            if chunk.completes_prompt:
+                self._fork(chunk)
+                out = delta_list(chunk.request)
+                for seq in chunk.request.sequences:
+                    seq.batch_index = chunk.request.batch_index
+                    out.append(self._advance(chunk.request, seq))
+        for request, seq in plan.decode:
+            delta_list(request).append(self._advance(request, seq))
+        for request, choices in deltas.values():
+            self._publish(request, choices)
+
+    def _fork(self, chunk: PrefillChunk) -> None:
+        """The prompt is in the primary sequence: share its cells with every other branch."""
+        request = chunk.request
+        for seq in request.sequences[1:]:
+            self.ctx.seq_cp(request.primary.seq_id, seq.seq_id, -1, -1)
+        request.status = RequestStatus.DECODING
+        request.first_token_at = time.monotonic()
+
+    def _advance(self, request: Request, seq: Sequence) -> ChoiceDelta:
+        """Sample the branch's next token from this step's logits and turn it into text."""
+        params = request.params
+        if params.max_tokens == 0:
+            return self._end_sequence(request, seq, FinishReason.LENGTH)
+        if params.ignore_eos or len(seq.tokens) < params.min_tokens:
+            self.ctx.logits(seq.batch_index)[self._eog] = -np.inf
+        assert seq.sampler is not None and seq.decoder is not None
+        token = seq.sampler.sample(self.ctx.ptr, seq.batch_index)
+        self.stats.generated_tokens += 1
+        if self.model.is_eog(token):
+            return self._end_sequence(request, seq, FinishReason.STOP)
+        seq.tokens.append(token)
+        text = seq.decoder.push(token, check_stops=len(seq.tokens) > params.min_tokens)
+        if seq.decoder.stopped:
+            return self._end_sequence(request, seq, FinishReason.STOP, text, [token])
+        if len(seq.tokens) >= params.max_tokens:
+            return self._end_sequence(request, seq, FinishReason.LENGTH, text, [token])
+        return ChoiceDelta(seq.index, text, [token])
+
+    def _end_sequence(
+        self,
+        request: Request,
+        seq: Sequence,
+        reason: FinishReason,
+        text: str = "",
+        token_ids: list[int] | None = None,
+    ) -> ChoiceDelta:
+        """A branch ended: release what it held and say so in its last delta."""
+        if seq.decoder is not None:
+            text += seq.decoder.flush()  # text held back for a stop string that never came
+        if seq.sampler is not None:
+            seq.sampler.close()
+        seq.finish_reason = reason
+        self._clear(self.scheduler.finish_sequence(request, seq))
+        return ChoiceDelta(seq.index, text, token_ids or [], reason)
+
+    # -- endings and publishing --------------------------------------------------------
+
+    def _publish(self, request: Request, choices: list[ChoiceDelta]) -> None:
+        finished = not request.live
+        if finished:
+            self._clear_all(self.scheduler.remove(request))
+            request.status = RequestStatus.FINISHED
+            self.stats.requests_finished += 1
+        request.sink(self._output(request, choices, finished))
+
+    def _end(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
+        """End every branch of a request at once (abort, engine failure)."""
+        choices = []
+        for seq in request.live:
+            seq.finish_reason = reason
+            if seq.sampler is not None:
+                seq.sampler.close()
+            choices.append(ChoiceDelta(seq.index, "", [], reason))
+        if self._tracked(request):
+            self._clear_all(self.scheduler.remove(request))
+        request.status = RequestStatus.FINISHED
+        request.error = error
+        request.sink(self._output(request, choices, True))
+
+    def fail_all(self, message: str) -> None:
+        """After an unexpected engine error: end everything in flight, keep serving."""
+        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._fail(request, message)
+
+    def _fail(self, request: Request, message: str) -> None:
+        self._end(request, FinishReason.ERROR, message)
+
+    def _tracked(self, request: Request) -> bool:
+        return request in self.scheduler.running or request in self.scheduler.waiting
+
+    def _output(self, request: Request, choices: list[ChoiceDelta], finished: bool) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id,
+            choices=choices,
+            prompt_tokens=request.prompt_len,
+            completion_tokens=request.completion_tokens,
+            cached_tokens=request.n_cached,
+            finished=finished,
+            error=request.error,
+        )
+
+    def _clear(self, seq_id: int) -> None:
+        self.ctx.seq_rm(seq_id, -1, -1)
+
+    def _clear_all(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self._clear(seq_id)
+
+    @staticmethod
+    def _pos(request: Request, seq: Sequence) -> int:
+        # The newest token of a branch sits right after the prompt and its earlier tokens.
+        return request.prompt_len + len(seq.tokens) - 1
+
+    @staticmethod
+    def _requests_in(plan: StepPlan) -> list[Request]:
+        return [r for r, _ in plan.decode] + [c.request for c in plan.prefill]
+
+
+def build_request(
+    model: Model, request_id: str, prompt: list[int], params: SamplingParams, n: int
+) -> Request:
+    """A request with `n` branches, each with its own sampler chain seeded `seed + index`.
+
+    Safe to call off the engine thread: it only reads the model's vocabulary.
+    """
+    base_seed = params.seed if params.seed is not None else random.getrandbits(32)
+    sequences: list[Sequence] = []
+    try:
+        for index in range(n):
+            sequences.append(
+                Sequence(
+                    index=index,
+                    sampler=build_chain(model, params, base_seed + index),
+                    decoder=TextStream(model.piece, params.stop),
+                )
+            )
+    except BaseException:
+        for seq in sequences:
+            if seq.sampler is not None:
+                seq.sampler.close()
+        raise
+    return Request(request_id, prompt, params, sequences)

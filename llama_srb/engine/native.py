@@ -1,0 +1,250 @@
+"""Thin wrappers over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+They own native objects, free them in the right order, and raise on error codes. Nothing
+here knows about requests or HTTP. Every call goes through `ctypes.CDLL`, which releases
+the GIL while C runs, so a long `llama_decode` does not stall the asyncio thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp as C
+import numpy as np
+import numpy.typing as npt
+
+_backend_ready = False
+_GGML_LOG_WARN, _GGML_LOG_CONT = 3, 5
+_log_level = [0]  # level of the last message, which continuation pieces inherit
+
+
+@C.llama_log_callback
+def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # llama.cpp is chatty at load time; pass on warnings and errors only.
+    if level != _GGML_LOG_CONT:
+        _log_level[0] = level
+    if _log_level[0] >= _GGML_LOG_WARN:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    if not _backend_ready:
+        C.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        _backend_ready = True
+
+
+class NativeError(RuntimeError):
+    """llama.cpp reported a failure."""
+
+
+class DecodeError(NativeError):
+    def __init__(self, code: int) -> None:
+        reason = {1: "no KV cache slot for the batch", 2: "aborted"}.get(code, "error")
+        super().__init__(f"llama_decode failed with code {code} ({reason})")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    n_gpu_layers: int = -1
+    split_mode: int = C.LLAMA_SPLIT_MODE_LAYER
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] | None = None
+    cpu_repack: bool = False
+
+
+class Model:
+    """A loaded GGUF model and its vocabulary."""
+
+    def __init__(self, path: Path, options: ModelOptions | None = None) -> None:
+        _init_backend()
+        options = options or ModelOptions()
+        params = C.llama_model_default_params()
+        params.n_gpu_layers = options.n_gpu_layers
+        params.split_mode = options.split_mode
+        params.main_gpu = options.main_gpu
+        params.use_extra_bufts = options.cpu_repack
+        if options.tensor_split:
+            # Kept on self: llama.cpp reads the array during loading.
+            n = C.llama_max_devices()
+            values = list(options.tensor_split)[:n] + [0.0] * max(0, n - len(options.tensor_split))
+            self._tensor_split = (ctypes.c_float * n)(*values)
+            params.tensor_split = self._tensor_split
+        if not path.is_file():
+            raise FileNotFoundError(f"model file not found: {path}")
+        self.ptr = C.llama_model_load_from_file(str(path).encode(), params)
+        if not self.ptr:
+            raise NativeError(f"failed to load model from {path}")
+        self.path = path
+        self.vocab = C.llama_model_get_vocab(self.ptr)
+        self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
+        self.bos: int = C.llama_vocab_bos(self.vocab)
+        self.eos: int = C.llama_vocab_eos(self.vocab)
+        self.add_bos: bool = C.llama_vocab_get_add_bos(self.vocab)
+        self.eog_tokens: tuple[int, ...] = tuple(
+            t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)
+        )
+        self._pieces: dict[int, bytes] = {}
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_model_free(self.ptr)
+            self.ptr = None
+
+    def metadata(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        if n < 0:
+            return None
+        if n >= len(buf):  # truncated: retry with the exact size
+            buf = ctypes.create_string_buffer(n + 1)
+            C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (C.llama_token * capacity)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (C.llama_token * capacity)()
+            n = C.llama_tokenize(
+                self.vocab, data, len(data), buf, capacity, add_special, parse_special
+            )
+        if n < 0:
+            raise NativeError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes one token contributes to generated text (cached: hot path)."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            cached = buf.raw[:n]
+            self._pieces[token] = cached
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    n_ctx: int
+    n_seq_max: int
+    n_batch: int
+    threads: int | None = None
+    flash_attn: int = C.LLAMA_FLASH_ATTN_TYPE_AUTO
+
+
+class Context:
+    """One llama.cpp context with a unified KV cache shared by all sequences.
+
+    `kv_unified` makes `seq_cp` tag existing cells with another sequence id instead of
+    copying them, so n branches of one prompt cost the prompt's cells once. `swa_full`
+    keeps sliding-window layers' cells for every position, so old positions stay reusable.
+    """
+
+    def __init__(self, model: Model, options: ContextOptions) -> None:
+        params = C.llama_context_default_params()
+        params.n_ctx = options.n_ctx
+        params.n_batch = options.n_batch
+        params.n_ubatch = options.n_batch
+        params.n_seq_max = options.n_seq_max
+        threads = options.threads or os.cpu_count() or 1
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.flash_attn_type = options.flash_attn
+        params.kv_unified = True
+        params.swa_full = True
+        params.no_perf = True
+        self.ptr = C.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise NativeError("failed to create the llama.cpp context")
+        self.model = model
+        self.n_ctx: int = C.llama_n_ctx(self.ptr)
+        self.n_batch: int = C.llama_n_batch(self.ptr)
+        self.memory = C.llama_get_memory(self.ptr)
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_free(self.ptr)
+            self.ptr = None
+
+    def decode(self, batch: Batch) -> None:
+        code = C.llama_decode(self.ptr, batch.struct)
+        if code != 0:
+            raise DecodeError(code)
+
+    def logits(self, index: int) -> npt.NDArray[np.float32]:
+        """The logits row of batch position `index`, as a writable view (no copy)."""
+        ptr = C.llama_get_logits_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        if not C.llama_memory_seq_rm(self.memory, seq_id, p0, p1):
+            raise NativeError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) failed")
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return int(C.llama_memory_seq_pos_max(self.memory, seq_id))
+
+
+class Batch:
+    """A reusable `llama_batch` with room for `capacity` tokens of one sequence id each."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.struct = C.llama_batch_init(capacity, 0, 1)
+        self._token = self.struct.token
+        self._pos = self.struct.pos
+        self._n_seq_id = self.struct.n_seq_id
+        self._seq_id = self.struct.seq_id
+        self._logits = self.struct.logits
+        self.n_tokens = 0
+
+    def clear(self) -> None:
+        self.n_tokens = 0
+        self.struct.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
+        """Append one token; returns its index in the batch (where its logits land)."""
+        i = self.n_tokens
+        if i >= self.capacity:
+            raise NativeError(f"batch overflow: capacity {self.capacity}")
+        self._token[i] = token
+        self._pos[i] = pos
+        self._n_seq_id[i] = 1
+        self._seq_id[i][0] = seq_id
+        self._logits[i] = logits
+        self.n_tokens = i + 1
+        self.struct.n_tokens = self.n_tokens
+        return i
+
+    def add_span(self, tokens: Sequence[int], start_pos: int, seq_id: int, logits_last: bool) -> int:
+        """Append consecutive tokens of one sequence; returns the last one's index."""
+        last = len(tokens) - 1
+        index = -1
+        for offset, token in enumerate(tokens):
+            index = self.add(token, start_pos + offset, seq_id, logits_last and offset == last)
+        return index
+
+    def close(self) -> None:
+        if self.struct is not None:
+            C.llama_batch_free(self.struct)
+            self.struct = None

@@ -1,0 +1,26 @@
+"""What the engine publishes after each step: per request, the new text of each choice."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llama_srb.engine.sequence import FinishReason
+
+
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    choices: list[ChoiceDelta]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    finished: bool = False
+    error: str | None = None

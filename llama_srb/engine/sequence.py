@@ -1,0 +1,103 @@
+"""A Request is one prompt with `n` Sequences; a Sequence is one branch (one choice).
+
+All state the engine keeps about work in flight lives on these two objects, with an
+enum status and derived properties, never in tuples threaded through queues.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from llama_srb.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from llama_srb.engine.outputs import RequestOutput
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued, holds nothing
+    PREFILLING = "prefilling"  # admitted: holds seq ids and cells, prompt partly decoded
+    DECODING = "decoding"  # prompt done, branches generate one token per step
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # end-of-generation token or stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # cancelled (client gone, timeout, shutdown)
+    ERROR = "error"  # the engine failed on this request
+
+
+class Decoder(Protocol):
+    """Turns a sequence's sampled tokens into text (detokenizer + stop strings)."""
+
+    def push(self, token: int, check_stops: bool) -> str: ...
+    def flush(self) -> str: ...
+    @property
+    def stopped(self) -> bool: ...
+
+
+class Sampler(Protocol):
+    def sample(self, ctx: object, batch_index: int) -> int: ...
+    def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Sequence:
+    index: int  # the choice index inside its request
+    sampler: Sampler | None = None
+    decoder: Decoder | None = None
+    seq_id: int = -1  # llama.cpp sequence id while live, else -1
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    finish_reason: FinishReason | None = None
+    batch_index: int = -1  # where this step's logits land
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    sequences: list[Sequence]
+    sink: Callable[[RequestOutput], None] = lambda _: None
+    status: RequestStatus = RequestStatus.WAITING
+    n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
+    n_cached: int = 0  # of those, how many came from the prefix cache
+    batch_index: int = -1  # logits index of the last prompt token, in the step that ends prefill
+    arrival: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    error: str | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.sequences)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def primary(self) -> Sequence:
+        """The sequence the prompt is prefilled into before being forked to the others."""
+        return self.sequences[0]
+
+    @property
+    def live(self) -> list[Sequence]:
+        return [s for s in self.sequences if not s.finished]
+
+    @property
+    def cells_needed(self) -> int:
+        """Worst-case KV cells: the prompt once (shared by all branches) + every branch."""
+        return self.prompt_len + self.n * self.params.max_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(s.tokens) for s in self.sequences)

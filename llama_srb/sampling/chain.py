@@ -1,0 +1,108 @@
+"""SamplingParams → a llama.cpp sampler chain, built in C, one per sequence.
+
+The order follows llama.cpp's own default chain, so a setting means here what it means
+there: bias → penalties → DRY → top-n-sigma → top-k → typical → top-p → min-p → XTC →
+temperature → pick (dist, mirostat, or greedy at temperature 0).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import llama_cpp as C
+
+from llama_srb.engine.native import Model
+from llama_srb.sampling.params import ParamError, SamplingParams
+
+
+class SamplerChain:
+    """Owns one native sampler chain; `sample` applies it and records the token."""
+
+    def __init__(self, ptr: C.llama_sampler_p) -> None:
+        self.ptr = ptr
+
+    def sample(self, ctx: C.llama_context_p, batch_index: int) -> int:
+        # llama_sampler_sample also accepts the token (penalties, DRY, grammar see it).
+        return int(C.llama_sampler_sample(self.ptr, ctx, batch_index))
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_sampler_free(self.ptr)
+            self.ptr = None
+
+
+def build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain:
+    """Build the chain for one sequence; `seed` is already `base seed + choice index`."""
+    chain_params = C.llama_sampler_chain_default_params()
+    chain_params.no_perf = True
+    ptr = C.llama_sampler_chain_init(chain_params)
+    chain = SamplerChain(ptr)
+    try:
+        for sampler in _samplers(model, params, seed & 0xFFFFFFFF):
+            C.llama_sampler_chain_add(ptr, sampler)  # the chain takes ownership
+    except BaseException:
+        chain.close()
+        raise
+    return chain
+
+
+def _samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sampler_p]:
+    out: list[C.llama_sampler_p] = []
+    if p.grammar is not None:
+        grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
+        if not grammar:
+            raise ParamError("grammar", "the grammar could not be parsed (GBNF with a `root` rule)")
+        out.append(grammar)
+    if p.logit_bias:
+        biases = (C.llama_logit_bias * len(p.logit_bias))(*p.logit_bias)
+        out.append(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), biases))
+    if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        last_n = model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n
+        out.append(
+            C.llama_sampler_init_penalties(
+                last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            )
+        )
+    if p.dry_multiplier > 0.0:
+        breakers = [b.encode() for b in p.dry_sequence_breakers]
+        array = (ctypes.c_char_p * len(breakers))(*breakers)
+        out.append(
+            C.llama_sampler_init_dry(
+                model.vocab,
+                model.n_ctx_train,
+                p.dry_multiplier,
+                p.dry_base,
+                p.dry_allowed_length,
+                p.dry_penalty_last_n,
+                array,
+                len(breakers),
+            )
+        )
+    if p.greedy:
+        out.append(C.llama_sampler_init_greedy())
+        return out
+    if p.mirostat == 1:
+        out.append(C.llama_sampler_init_temp(p.temperature))
+        out.append(
+            C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+        )
+        return out
+    if p.mirostat == 2:
+        out.append(C.llama_sampler_init_temp(p.temperature))
+        out.append(C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+        return out
+    if p.top_n_sigma > 0.0:
+        out.append(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
+    if p.top_k > 0:
+        out.append(C.llama_sampler_init_top_k(p.top_k))
+    if p.typical_p < 1.0:
+        out.append(C.llama_sampler_init_typical(p.typical_p, 1))
+    if p.top_p < 1.0:
+        out.append(C.llama_sampler_init_top_p(p.top_p, 1))
+    if p.min_p > 0.0:
+        out.append(C.llama_sampler_init_min_p(p.min_p, 1))
+    if p.xtc_probability > 0.0:
+        out.append(C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, seed))
+    out.append(C.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent))
+    out.append(C.llama_sampler_init_dist(seed))
+    return out
