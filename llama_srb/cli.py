@@ -72,7 +72,9 @@ def serve_forever(settings: Settings, log_level: str) -> None:
 
     from llama_srb.api.app import create_app
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     settings.resolved_model_path()  # assemble the bundled model before listening
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
 

@@ -6,20 +6,20 @@ generated from these declarations, so they cannot drift apart.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-class SplitMode(str, Enum):
+class SplitMode(StrEnum):
     none = "none"
     layer = "layer"
     row = "row"
 
 
-class FlashAttn(str, Enum):
+class FlashAttn(StrEnum):
     auto = "auto"
     on = "on"
     off = "off"

@@ -32,7 +32,9 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "llama_srb_decode_seconds", "Time spent in llama_decode", value=stats.decode_seconds
         )
-        yield GaugeMetricFamily("llama_srb_requests_running", "Admitted requests", value=len(running))
+        yield GaugeMetricFamily(
+            "llama_srb_requests_running", "Admitted requests", value=len(running)
+        )
         yield GaugeMetricFamily(
             "llama_srb_requests_waiting", "Queued requests", value=len(scheduler.waiting)
         )
@@ -42,6 +44,10 @@ class EngineCollector(Collector):
             value=sum(len(r.live) for r in running),
         )
         yield GaugeMetricFamily(
-            "llama_srb_kv_cells_reserved", "KV cells promised", value=scheduler.budget.cells_reserved
+            "llama_srb_kv_cells_reserved",
+            "KV cells promised",
+            value=scheduler.budget.cells_reserved,
         )
-        yield GaugeMetricFamily("llama_srb_kv_cells_total", "KV cells", value=scheduler.budget.n_cells)
+        yield GaugeMetricFamily(
+            "llama_srb_kv_cells_total", "KV cells", value=scheduler.budget.n_cells
+        )

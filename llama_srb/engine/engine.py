@@ -82,7 +82,9 @@ class Engine:
         for chunk in plan.prefill:
             request = chunk.request
             tokens = request.prompt[chunk.start : chunk.end]
-            last = batch.add_span(tokens, chunk.start, request.primary.seq_id, chunk.completes_prompt)
+            last = batch.add_span(
+                tokens, chunk.start, request.primary.seq_id, chunk.completes_prompt
+            )
             request.batch_index = last
         started = time.perf_counter()
         self.ctx.decode(batch)
@@ -189,7 +191,9 @@ class Engine:
     def _tracked(self, request: Request) -> bool:
         return request in self.scheduler.running or request in self.scheduler.waiting
 
-    def _output(self, request: Request, choices: list[ChoiceDelta], finished: bool) -> RequestOutput:
+    def _output(
+        self, request: Request, choices: list[ChoiceDelta], finished: bool
+    ) -> RequestOutput:
         return RequestOutput(
             request_id=request.request_id,
             choices=choices,

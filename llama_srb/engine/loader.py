@@ -44,29 +44,31 @@ class LoadedEngine:
         self.model.close()
 
 
+def model_options(settings: Settings) -> ModelOptions:
+    return ModelOptions(
+        n_gpu_layers=settings.n_gpu_layers,
+        split_mode=_SPLIT[settings.split_mode],
+        main_gpu=settings.main_gpu,
+        tensor_split=tuple(settings.tensor_split) if settings.tensor_split else None,
+        cpu_repack=settings.cpu_repack,
+    )
+
+
+def context_options(settings: Settings) -> ContextOptions:
+    return ContextOptions(
+        n_ctx=settings.n_ctx,
+        n_seq_max=settings.max_sequences,
+        n_batch=settings.n_batch,
+        threads=settings.threads,
+        flash_attn=_FLASH[settings.flash_attn],
+    )
+
+
 def load_engine(settings: Settings) -> LoadedEngine:
     path = settings.resolved_model_path()
     log.info("loading %s", path)
-    model = Model(
-        path,
-        ModelOptions(
-            n_gpu_layers=settings.n_gpu_layers,
-            split_mode=_SPLIT[settings.split_mode],
-            main_gpu=settings.main_gpu,
-            tensor_split=tuple(settings.tensor_split) if settings.tensor_split else None,
-            cpu_repack=settings.cpu_repack,
-        ),
-    )
-    context = Context(
-        model,
-        ContextOptions(
-            n_ctx=settings.n_ctx,
-            n_seq_max=settings.max_sequences,
-            n_batch=settings.n_batch,
-            threads=settings.threads,
-            flash_attn=_FLASH[settings.flash_attn],
-        ),
-    )
+    model = Model(path, model_options(settings))
+    context = Context(model, context_options(settings))
     engine = Engine(model, context, settings.max_sequences)
     runtime = Runtime(engine)
     runtime.start()

@@ -109,7 +109,9 @@ class Model:
             C.llama_model_meta_val_str(self.ptr, key.encode(), buf, len(buf))
         return buf.value.decode("utf-8", errors="replace")
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (C.llama_token * capacity)()
@@ -236,7 +238,9 @@ class Batch:
         self.struct.n_tokens = self.n_tokens
         return i
 
-    def add_span(self, tokens: Sequence[int], start_pos: int, seq_id: int, logits_last: bool) -> int:
+    def add_span(
+        self, tokens: Sequence[int], start_pos: int, seq_id: int, logits_last: bool
+    ) -> int:
         """Append consecutive tokens of one sequence; returns the last one's index."""
         last = len(tokens) - 1
         index = -1

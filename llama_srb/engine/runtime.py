@@ -8,6 +8,7 @@ engine fills through `loop.call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -51,10 +52,8 @@ class Runtime:
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
         def sink(output: RequestOutput) -> None:
-            try:
+            with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening
                 loop.call_soon_threadsafe(queue.put_nowait, output)
-            except RuntimeError:  # the event loop is closed: nobody is listening
-                pass
 
         request.sink = sink
         self._call(lambda: self.engine.add(request))

@@ -10,7 +10,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llama_srb.sampling.params import SamplingParams
 
@@ -42,7 +42,7 @@ class Decoder(Protocol):
 
 
 class Sampler(Protocol):
-    def sample(self, ctx: object, batch_index: int) -> int: ...
+    def sample(self, ctx: Any, batch_index: int) -> int: ...
     def close(self) -> None: ...
 
 

@@ -19,7 +19,7 @@ class SamplerChain:
     """Owns one native sampler chain; `sample` applies it and records the token."""
 
     def __init__(self, ptr: C.llama_sampler_p) -> None:
-        self.ptr = ptr
+        self.ptr: C.llama_sampler_p | None = ptr
 
     def sample(self, ctx: C.llama_context_p, batch_index: int) -> int:
         # llama_sampler_sample also accepts the token (penalties, DRY, grammar see it).
@@ -54,7 +54,8 @@ def _samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sample
             raise ParamError("grammar", "the grammar could not be parsed (GBNF with a `root` rule)")
         out.append(grammar)
     if p.logit_bias:
-        biases = (C.llama_logit_bias * len(p.logit_bias))(*p.logit_bias)
+        entries = [C.llama_logit_bias(token, bias) for token, bias in p.logit_bias]
+        biases = (C.llama_logit_bias * len(entries))(*entries)
         out.append(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), biases))
     if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         last_n = model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n

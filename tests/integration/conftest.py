@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.server import RunningServer, run_server
+from llama_srb.testing import RunningServer, run_server
 
 
 @pytest.fixture(scope="session")

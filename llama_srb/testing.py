@@ -1,4 +1,4 @@
-"""Run the real server (the CLI, in a subprocess) on a free local port for tests."""
+"""Run the real server (the CLI, in a subprocess) on a free local port: for tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ class RunningServer:
 
 
 @contextmanager
-def run_server(tmp_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[RunningServer]:
+def run_server(
+    tmp_dir: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[RunningServer]:
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
     cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *args]

@@ -1,0 +1,1 @@
+"""llama-srb: single request batching on llama.cpp behind an OpenAI-compatible server."""

@@ -1,0 +1,37 @@
+import pytest
+
+from llama_srb.api.protocol import CompletionRequest
+from llama_srb.sampling.params import ParamError, SamplingParams
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_p", 1.5),
+        ("temperature", -1.0),
+        ("max_tokens", -1),
+        ("min_p", 2.0),
+        ("mirostat", 3),
+        ("top_k", -2),
+        ("logprobs", 21),
+        ("temperature", float("nan")),
+    ],
+)
+def test_out_of_range_values_name_the_parameter(field: str, value: float) -> None:
+    with pytest.raises(ParamError) as info:
+        SamplingParams(**{field: value})
+    assert info.value.param == field
+    assert field in str(info.value)
+
+
+def test_request_fields_left_unset_take_the_declared_defaults() -> None:
+    params = CompletionRequest(prompt="x", top_k=5, stop="\n").sampling_params()
+    assert params.top_k == 5
+    assert params.stop == ("\n",)
+    assert params.min_p == SamplingParams().min_p
+    assert params.max_tokens == 16
+
+
+def test_empty_stop_string_is_rejected() -> None:
+    with pytest.raises(ParamError):
+        SamplingParams(stop=("",))

@@ -1,0 +1,84 @@
+from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.scheduler import Scheduler
+from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.sampling.params import SamplingParams
+
+
+def make(rid: str, prompt_len: int, n: int = 1, max_tokens: int = 8) -> Request:
+    return Request(
+        rid,
+        list(range(prompt_len)),
+        SamplingParams(max_tokens=max_tokens),
+        [Sequence(index=i) for i in range(n)],
+    )
+
+
+def scheduler(n_seq: int = 8, n_cells: int = 1000, n_batch: int = 64) -> Scheduler:
+    return Scheduler(KvBudget(n_seq, n_cells), n_batch)
+
+
+def test_long_prompt_is_prefilled_in_chunks() -> None:
+    s = scheduler(n_batch=64)
+    r = make("a", 150)
+    s.add(r)
+    spans = []
+    for _ in range(3):
+        plan = s.schedule()
+        (chunk,) = plan.prefill
+        spans.append((chunk.start, chunk.end))
+        r.n_prefilled = chunk.end
+    assert spans == [(0, 64), (64, 128), (128, 150)]
+    assert plan.prefill[0].completes_prompt
+
+
+def test_decode_tokens_of_running_requests_come_first_and_prefill_fills_the_rest() -> None:
+    s = scheduler(n_batch=32)
+    running = make("run", 4, n=3)
+    s.add(running)
+    s.schedule()
+    running.n_prefilled = 4
+    running.status = RequestStatus.DECODING
+    s.add(make("new", 100))
+    plan = s.schedule()
+    assert [seq.index for _, seq in plan.decode] == [0, 1, 2]
+    assert plan.prefill[0].request.request_id == "new"
+    assert plan.n_tokens == 32  # 3 decode tokens + a 29-token chunk
+
+
+def test_admission_respects_sequence_ids_and_cells_in_arrival_order() -> None:
+    s = scheduler(n_seq=4, n_cells=100)
+    big = make("big", 10, n=3, max_tokens=10)  # 10 + 30 cells, 3 ids
+    blocked = make("blocked", 10, n=2)  # needs 2 ids: only 1 left
+    small = make("small", 1, n=1)  # would fit, but must not overtake
+    for r in (big, blocked, small):
+        s.add(r)
+    s.schedule()
+    assert [r.request_id for r in s.running] == ["big"]
+    assert [r.request_id for r in s.waiting] == ["blocked", "small"]
+    assert s.budget.cells_reserved == 40
+
+    # A finished branch returns its id and cells; the queue moves on.
+    seq = big.sequences[2]
+    seq.finish_reason = FinishReason.STOP
+    s.finish_sequence(big, seq)
+    s.schedule()
+    assert [r.request_id for r in s.running] == ["big", "blocked"]
+
+
+def test_removing_a_request_releases_everything() -> None:
+    s = scheduler(n_seq=4, n_cells=100)
+    r = make("a", 10, n=4, max_tokens=5)
+    s.add(r)
+    s.schedule()
+    assert s.budget.free_ids == 0
+    ids = s.remove(r)
+    assert sorted(ids) == [0, 1, 2, 3]
+    assert s.budget.free_ids == 4
+    assert s.budget.cells_reserved == 0
+
+
+def test_a_request_that_can_never_fit_is_detected() -> None:
+    budget = KvBudget(4, 100)
+    assert not budget.fits_ever(make("too-long", 90, n=2, max_tokens=10))
+    assert not budget.fits_ever(make("too-wide", 1, n=5))
+    assert budget.fits_ever(make("ok", 80, n=2, max_tokens=10))
