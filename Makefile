@@ -4,6 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 9090
+# The browser UI test drives Debian's chromium; installed once, never downloaded by a tool.
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: serve test lint bench install
 
@@ -22,8 +25,13 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(VENV)/bin/llama-srb serve --port $(PORT)
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(PY) -m pytest -q
+
+$(CHROMIUM):
+	@echo ">> installing Debian's chromium for the browser UI test"
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq chromium
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -33,6 +33,15 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         kind, choices = _flag_type(info.annotation)
         env = f"LLAMA_SRB_{name.upper()}"
         default = info.default.value if isinstance(info.default, enum.Enum) else info.default
+        if info.annotation is bool:  # a switch: --log-prompts / --no-log-prompts
+            parser.add_argument(
+                f"--{name.replace('_', '-')}",
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=f"{info.description} [env {env}; default {default}]",
+            )
+            continue
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
@@ -71,12 +80,15 @@ def serve_forever(settings: Settings, log_level: str) -> None:
     import uvicorn
 
     from llama_srb.api.app import create_app
+    from llama_srb.api.shutdown import serve
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings.resolved_model_path()  # assemble the bundled model before listening
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level)
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level)
+    serve(config, app.state.srb)  # graceful on SIGTERM: see api/shutdown.py
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import StrEnum
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,6 +34,11 @@ class Settings(BaseSettings):
     alias: str | None = Field(
         None, description="model name reported by /v1/models and accepted in requests"
     )
+    chat_template: FilePath | None = Field(
+        None,
+        description="Jinja chat template file for /v1/chat/completions; default: the model's"
+        " own (tokenizer.chat_template in the GGUF)",
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(9090, ge=0, le=65535, description="port to listen on (0: any free port)")
     n_ctx: int = Field(
@@ -41,6 +46,15 @@ class Settings(BaseSettings):
     )
     max_sequences: int = Field(
         64, ge=1, le=256, description="sequences decoded at once, across all requests"
+    )
+    cache_cells: int | None = Field(
+        None,
+        ge=0,
+        description="KV cells the prefix cache may keep for finished sequences (0: no prefix "
+        "reuse at all; default: a quarter of --n-ctx)",
+    )
+    cache_paths: int = Field(
+        64, ge=1, le=255, description="finished sequences the prefix cache may keep"
     )
     max_n: int = Field(64, ge=1, le=256, description="largest `n` a request may ask for")
     n_batch: int = Field(
@@ -65,6 +79,38 @@ class Settings(BaseSettings):
     api_key: str | None = Field(
         None, description="require `Authorization: Bearer <key>` on /v1/* routes"
     )
+    api_key_file: Path | None = Field(
+        None,
+        description="file of accepted API keys, one per line (# comments); adds to --api-key",
+    )
+    cors_origins: list[str] | None = Field(
+        None,
+        description="browser origins allowed to call the API, comma-separated (* for any);"
+        " default: same origin only",
+    )
+    max_body_bytes: int = Field(
+        8 << 20, ge=1024, le=1 << 30, description="largest request body accepted (else 413)"
+    )
+    max_queue: int = Field(
+        256,
+        ge=1,
+        le=100_000,
+        description="requests that may wait for admission; beyond that, 429 with Retry-After",
+    )
+    request_timeout: float = Field(
+        600,
+        ge=0,
+        le=86_400,
+        description="seconds an accepted request may take, queueing included, before it is"
+        " ended with an error (0: no limit)",
+    )
+    shutdown_grace: float = Field(
+        30,
+        ge=0,
+        le=3600,
+        description="on SIGTERM, seconds running requests get to finish before they are ended",
+    )
+    log_prompts: bool = Field(False, description="include prompt text in the request log")
 
     @field_validator("tensor_split", mode="before")
     @classmethod
@@ -73,6 +119,17 @@ class Settings(BaseSettings):
             return [float(part) for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _split_origins(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @property
+    def cache_cells_resolved(self) -> int:
+        return self.n_ctx // 4 if self.cache_cells is None else min(self.cache_cells, self.n_ctx)
+
     @model_validator(mode="after")
     def _max_n_fits(self) -> Settings:
         if self.max_n > self.max_sequences:
@@ -80,7 +137,33 @@ class Settings(BaseSettings):
                 f"max_n ({self.max_n}) cannot exceed max_sequences ({self.max_sequences}):"
                 " a request's n sequences must all be live at once"
             )
+        if self.max_sequences + self.cache_paths > 256:
+            raise ValueError("max_sequences + cache_paths must be at most 256 (llama.cpp's limit)")
         return self
+
+    @model_validator(mode="after")
+    def _key_file_has_keys(self) -> Settings:
+        # Fail at startup, not open: a key file that is missing or empty must not mean "no auth".
+        if self.api_key_file is not None:
+            try:
+                keys = self._keys_in_file(self.api_key_file)
+            except OSError as exc:
+                raise ValueError(f"cannot read api_key_file: {exc}") from exc
+            if not keys:
+                raise ValueError(f"api_key_file {self.api_key_file} holds no keys")
+        return self
+
+    @staticmethod
+    def _keys_in_file(path: Path) -> list[str]:
+        lines = (line.strip() for line in path.read_text().splitlines())
+        return [line for line in lines if line and not line.startswith("#")]
+
+    def api_keys(self) -> list[str]:
+        """Every accepted API key (--api-key and the lines of --api-key-file); [] means open."""
+        keys = [self.api_key] if self.api_key else []
+        if self.api_key_file is not None:
+            keys += self._keys_in_file(self.api_key_file)
+        return keys
 
     def resolved_model_path(self) -> Path:
         """The model file to load, assembling the bundled one on first use."""

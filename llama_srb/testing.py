@@ -42,6 +42,12 @@ class RunningServer:
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(f"{name} not in /metrics")
 
+    def metrics(self) -> dict[str, float]:
+        """Every sample of one /metrics scrape, keyed by name with its labels as printed."""
+        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
+        samples = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+        return {name: float(value) for name, value in samples}
+
 
 @contextmanager
 def run_server(

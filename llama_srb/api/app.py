@@ -14,12 +14,15 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llama_srb.api.auth import ApiKeys
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import EngineCollector
+from llama_srb.api.middleware import install_middleware
+from llama_srb.api.routes.chat import chat_router
 from llama_srb.api.routes.completions import completions_router
-from llama_srb.api.serving import require_key
+from llama_srb.api.routes.tokenize import tokenize_router
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
 
@@ -41,27 +44,36 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="llama-srb", version="0.1.0", lifespan=lifespan)
     app.state.srb = state
     install_error_handlers(app)
+    install_middleware(app, settings, state.metrics)
 
     @app.get("/health")
     async def health() -> JSONResponse:
         if state.loaded is None:
             status = "error" if state.load_error else "loading"
             return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
+        if state.draining:  # tell load balancers to stop sending work here
+            return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok", "model": settings.model_name})
 
-    registry = CollectorRegistry()
+    registry = state.metrics.registry
     registry.register(EngineCollector(lambda: state.loaded.engine if state.loaded else None))
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    keys = ApiKeys(settings)
+
     async def authorized(http: Request) -> None:
-        require_key(state, http)
+        keys.check(http)
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
     v1.include_router(completions_router(state))
+    v1.include_router(chat_router(state))
+    v1.include_router(tokenize_router(state))
     app.include_router(v1)
+    # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there.
+    app.include_router(tokenize_router(state), dependencies=[Depends(authorized)])
     # The browser UI: static files, no build step; mounted last so API routes win.
     app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from llama_srb.engine.generation import Interrupted, RequestTimedOut
 from llama_srb.sampling.params import ParamError
 
 _TYPES = {
@@ -20,6 +21,7 @@ _TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
+    504: "timeout_error",
 }
 
 
@@ -52,8 +54,14 @@ def error_response(exc: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
-def sse_error(message: str, status: int = 500) -> str:
-    return f"data: {json.dumps(error_body(status, message))}\n\n"
+def sse_error(message: str, status: int = 500, code: str | None = None) -> str:
+    return f"data: {json.dumps(error_body(status, message, code=code))}\n\n"
+
+
+def interrupted_error(exc: Interrupted) -> APIError:
+    """A request the runtime ended (timeout: 504, shutdown: 503) as an API error."""
+    status = 504 if isinstance(exc, RequestTimedOut) else 503
+    return APIError(status, str(exc), code=exc.code)
 
 
 def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -81,6 +89,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _describe_validation(exc)
         return error_response(APIError(400, message, param))
+
+    @app.exception_handler(Interrupted)
+    async def _interrupted(_: Request, exc: Interrupted) -> JSONResponse:
+        return error_response(interrupted_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

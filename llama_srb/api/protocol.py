@@ -5,15 +5,40 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llama_srb.sampling.params import SamplingParams
 
-_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+# Passed through as the client sent them. logit_bias and grammar need the vocabulary and
+# the JSON-schema converter (api/constraints.py); logprobs differs between the routes.
+_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {
+    "logit_bias",
+    "grammar",
+    "logprobs",
+}
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`; `schema` beside `json_object` is llama.cpp's variant."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
 class SamplingFields(BaseModel):
@@ -54,6 +79,14 @@ class SamplingFields(BaseModel):
     mirostat_eta: float | None = None
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None
+    logit_bias: dict[str, float] | None = Field(
+        None, description="token id → bias added to its logit (-100 bans it)"
+    )
+    response_format: ResponseFormat | None = None
+    grammar: str | None = Field(None, description="GBNF grammar the output must match")
+    json_schema: dict[str, Any] | None = Field(
+        None, description="JSON schema the output must match (llama.cpp's extension)"
+    )
 
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams from the fields the client set; raises ParamError when out of range."""
@@ -77,20 +110,74 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str = Field(..., description="the text to continue")
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        ...,
+        description="the text to continue: a string, a token-id list, or a list of either"
+        " (each prompt gets n choices)",
+    )
     max_tokens: int | None = Field(16, description="tokens to generate per choice")
+    echo: bool = Field(False, description="return the prompt before the completion")
+    logprobs: int | None = Field(
+        None, description="log-probabilities of each token and of this many alternatives"
+    )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt_shape(cls, value: object) -> object:
+        # One clear message instead of one error per member of the union.
+        if not _is_prompt(value):
+            raise ValueError(
+                "prompt must be a string, a list of strings, a list of token ids,"
+                " or a list of token-id lists"
+            )
+        return value
+
+
+def _is_token_list(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _is_prompt(value: object) -> bool:
+    if isinstance(value, str) or _is_token_list(value):
+        return True
+    return isinstance(value, list) and (
+        all(isinstance(p, str) for p in value) or all(_is_token_list(p) for p in value)
+    )
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens forked from the prefix cache, not computed
 
 
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
 
 
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
@@ -11,10 +10,13 @@ from typing import TypeVar
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from llama_srb.api.errors import APIError
+from llama_srb.api.backpressure import refuse_if_full
+from llama_srb.api.errors import APIError, interrupted_error, sse_error
 from llama_srb.api.protocol import SamplingFields
+from llama_srb.api.request_log import RequestLog
 from llama_srb.api.state import AppState
 from llama_srb.engine.engine import build_request
+from llama_srb.engine.generation import Interrupted
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.sampling.params import SamplingParams
@@ -22,21 +24,13 @@ from llama_srb.sampling.params import SamplingParams
 T = TypeVar("T")
 
 
-def require_key(state: AppState, http: Request) -> None:
-    key = state.settings.api_key
-    if key is None:
-        return
-    supplied = http.headers.get("authorization", "").encode()
-    if not secrets.compare_digest(supplied, f"Bearer {key}".encode()):
-        raise APIError(
-            401,
-            "missing or wrong API key: send `Authorization: Bearer <key>`",
-            code="invalid_api_key",
-        )
-
-
 def prepare(
-    state: AppState, body: SamplingFields, prompt: list[int], params: SamplingParams, prefix: str
+    state: AppState,
+    body: SamplingFields,
+    prompt: list[int],
+    params: SamplingParams,
+    prefix: str,
+    prompt_logprobs: bool = False,
 ) -> EngineRequest:
     """Validate a generation against the server's limits and build its engine request."""
     settings, engine = state.settings, state.ready()
@@ -61,18 +55,36 @@ def prepare(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    refuse_if_full(engine.runtime, settings.max_queue)  # valid but no room: 429 / 503
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    return build_request(engine.model, request_id, prompt, params, body.n)
+    return build_request(engine.model, request_id, prompt, params, body.n, prompt_logprobs)
 
 
 def generate(state: AppState, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-    return state.ready().runtime.generate(request)
+    """Submit now (the queue bound counts it at once); outputs are logged as they pass."""
+    settings, loaded = state.settings, state.ready()
+    generation = loaded.runtime.generate(request, timeout=settings.request_timeout or None)
+    return RequestLog(state.metrics, loaded.model, settings.log_prompts).track(generation)
 
 
 def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
     # Starlette cancels `events` when the client disconnects, which aborts the request.
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    return StreamingResponse(
+        _ended_cleanly(events), media_type="text/event-stream", headers=headers
+    )
+
+
+async def _ended_cleanly(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """A stream the runtime interrupts (timeout, shutdown) still ends in OpenAI's way:
+    an error event, then `[DONE]`; the status line went out long ago."""
+    try:
+        async for event in events:
+            yield event
+    except Interrupted as exc:
+        error = interrupted_error(exc)
+        yield sse_error(error.message, error.status, error.code)
+        yield "data: [DONE]\n\n"
 
 
 async def until_disconnect(http: Request, work: Awaitable[T]) -> T:

@@ -1,40 +1,18 @@
-"""Engine outputs → OpenAI responses: Server-Sent Event chunks, or one collected result."""
+"""Engine outputs → OpenAI's Server-Sent Event chunks, for completions and chat."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
+from llama_srb.api.choices import UsageTally, choice_index
 from llama_srb.api.errors import sse_error
-from llama_srb.engine.outputs import RequestOutput
+from llama_srb.api.logprob_format import Piece, chat_logprobs, completion_logprobs
+from llama_srb.api.prompts import Prompt
+from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 
-
-@dataclass
-class Collected:
-    texts: list[str]
-    reasons: list[str | None]
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-
-
-async def collect_outputs(outputs: AsyncIterator[RequestOutput], n: int) -> Collected:
-    """Drain a request's outputs into the final text and finish reason of each choice."""
-    parts: list[list[str]] = [[] for _ in range(n)]
-    result = Collected(texts=[], reasons=[None] * n)
-    async for out in outputs:
-        for delta in out.choices:
-            parts[delta.index].append(delta.text)
-            if delta.finish_reason is not None:
-                result.reasons[delta.index] = delta.finish_reason.value
-        result.prompt_tokens = out.prompt_tokens
-        result.completion_tokens = out.completion_tokens
-        result.cached_tokens = out.cached_tokens
-        result.error = out.error
-    result.texts = ["".join(p) for p in parts]
-    return result
+DONE = "data: [DONE]\n\n"
 
 
 def sse(payload: object) -> str:
@@ -42,19 +20,22 @@ def sse(payload: object) -> str:
 
 
 @dataclass
-class CompletionStream:
-    """SSE events of a /v1/completions stream: one chunk per engine step (all choices
-    that advanced in it), a usage chunk on request, then `[DONE]`."""
-
+class _Stream:
     request_id: str
     created: int
     model: str
     include_usage: bool
+    n: int
+    piece: Piece | None  # token text, when the client asked for logprobs
 
-    def _chunk(self, choices: list[dict[str, object]], usage: dict[str, int] | None = None) -> str:
+    object_name = ""
+
+    def _chunk(
+        self, choices: list[dict[str, object]], usage: dict[str, object] | None = None
+    ) -> str:
         payload: dict[str, object] = {
             "id": self.request_id,
-            "object": "text_completion",
+            "object": self.object_name,
             "created": self.created,
             "model": self.model,
             "choices": choices,
@@ -63,30 +44,118 @@ class CompletionStream:
             payload["usage"] = usage
         return sse(payload)
 
-    async def events(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
-        last: RequestOutput | None = None
-        async for out in outputs:
-            last = out
+    def _usage(self, usage: UsageTally) -> str:
+        return self._chunk([], usage.usage().model_dump())
+
+
+@dataclass
+class CompletionStream(_Stream):
+    """SSE events of a /v1/completions stream: with `echo`, each prompt's text first; then
+    one chunk per engine step of each prompt (its choices that advanced), a usage chunk on
+    request, then `[DONE]`."""
+
+    prompts: Sequence[Prompt] = ()
+    echo: bool = False
+    object_name = "text_completion"
+    # per choice: where its next token's text starts in prompt + completion (text_offset)
+    _offsets: dict[int, int] = field(default_factory=dict, init=False)
+
+    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        usage = UsageTally()
+        echoed: set[int] = set()
+        async for position, out in outputs:
             if out.error is not None:
                 yield sse_error(out.error)
                 break
-            choices: list[dict[str, object]] = [
-                {
-                    "index": d.index,
-                    "text": d.text,
-                    "logprobs": None,
-                    "finish_reason": d.finish_reason.value if d.finish_reason else None,
-                }
+            if self.echo and position not in echoed:
+                echoed.add(position)
+                yield self._chunk(self._echo(position, out))
+            usage.add(position, out)
+            choices = [
+                self._choice(position, d)
                 for d in out.choices
-                if d.text or d.finish_reason is not None
+                if d.text or d.finish_reason is not None or d.logprobs
             ]
             if choices:
                 yield self._chunk(choices)
-        if self.include_usage and last is not None:
-            usage = {
-                "prompt_tokens": last.prompt_tokens,
-                "completion_tokens": last.completion_tokens,
-                "total_tokens": last.prompt_tokens + last.completion_tokens,
+        if self.include_usage and usage.latest:
+            yield self._usage(usage)
+        yield DONE
+
+    def _echo(self, position: int, out: RequestOutput) -> list[dict[str, object]]:
+        prompt = self.prompts[position]
+        logprobs = None
+        if self.piece is not None and out.prompt_logprobs is not None:
+            entries = list(zip(prompt.tokens, out.prompt_logprobs, strict=True))
+            logprobs = completion_logprobs(entries, self.piece, 0)[0].model_dump()
+        return [
+            {
+                "index": position * self.n + i,
+                "text": prompt.text,
+                "logprobs": logprobs,
+                "finish_reason": None,
             }
-            yield self._chunk([], usage)
-        yield "data: [DONE]\n\n"
+            for i in range(self.n)
+        ]
+
+    def _choice(self, position: int, delta: ChoiceDelta) -> dict[str, object]:
+        index = choice_index(position, self.n, delta)
+        logprobs = None
+        if self.piece is not None and delta.logprobs:
+            offset = self._offsets.get(index, len(self.prompts[position].text))
+            entries = [(e.token, e) for e in delta.logprobs]
+            formatted, self._offsets[index] = completion_logprobs(entries, self.piece, offset)
+            logprobs = formatted.model_dump()
+        reason = delta.finish_reason.value if delta.finish_reason else None
+        return {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": reason}
+
+
+@dataclass
+class ChatStream(_Stream):
+    """SSE events of a /v1/chat/completions stream: each choice's `role` first, then its
+    content deltas, then its finish reason; a usage chunk on request, then `[DONE]`."""
+
+    object_name = "chat.completion.chunk"
+
+    async def events(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
+        yield self._chunk(
+            [self._entry(i, {"role": "assistant", "content": ""}) for i in range(self.n)]
+        )
+        usage = UsageTally()
+        async for out in outputs:
+            if out.error is not None:
+                yield sse_error(out.error)
+                break
+            usage.add(0, out)
+            content = [
+                self._entry(d.index, {"content": d.text}, self._logprobs(d))
+                for d in out.choices
+                if d.text or d.logprobs
+            ]
+            if content:
+                yield self._chunk(content)
+            ended = [
+                self._entry(d.index, {}, reason=d.finish_reason.value)
+                for d in out.choices
+                if d.finish_reason is not None
+            ]
+            if ended:
+                yield self._chunk(ended)
+        if self.include_usage and usage.latest:
+            yield self._usage(usage)
+        yield DONE
+
+    @staticmethod
+    def _entry(
+        index: int,
+        delta: dict[str, str],
+        logprobs: dict[str, object] | None = None,
+        reason: str | None = None,
+    ) -> dict[str, object]:
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+
+    def _logprobs(self, delta: ChoiceDelta) -> dict[str, object] | None:
+        if self.piece is None or not delta.logprobs:
+            return None
+        content = chat_logprobs(delta.logprobs, self.piece)
+        return {"content": [c.model_dump() for c in content], "refusal": None}

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from llama_srb.api.errors import APIError
+from llama_srb.api.metrics import ServerMetrics
 from llama_srb.config import Settings
 from llama_srb.engine.loader import LoadedEngine, load_engine
 
@@ -20,6 +21,8 @@ class AppState:
     created: int = field(default_factory=lambda: int(time.time()))
     loaded: LoadedEngine | None = None
     load_error: str | None = None
+    metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    draining: bool = False  # SIGTERM received: finishing what runs, taking nothing new
 
     def ready(self) -> LoadedEngine:
         """The loaded engine, or a 503 that says why there is none yet."""
@@ -35,6 +38,13 @@ class AppState:
             log.exception("model load failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
 
+    async def drain(self) -> None:
+        """Stop taking requests; give running ones --shutdown-grace seconds to finish."""
+        self.draining = True
+        if self.loaded is not None:
+            await self.loaded.runtime.drain(self.settings.shutdown_grace)
+
     async def close(self) -> None:
         if self.loaded is not None:
+            await self.drain()  # a no-op when the server already drained on SIGTERM
             await asyncio.to_thread(self.loaded.close)

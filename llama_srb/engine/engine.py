@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.histogram import Histogram
+from llama_srb.engine.kv import KvBudget, KvOp
 from llama_srb.engine.native import Batch, Context, DecodeError, Model
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
 from llama_srb.sampling.chain import build_chain
+from llama_srb.sampling.logprobs import RowScores, score_token
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
 
@@ -30,13 +32,15 @@ class EngineStats:
     generated_tokens: int = 0
     requests_finished: int = 0
     decode_seconds: float = 0.0
+    prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
+    decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
 
 
 class Engine:
-    def __init__(self, model: Model, ctx: Context, max_sequences: int) -> None:
+    def __init__(self, model: Model, ctx: Context, budget: KvBudget) -> None:
         self.model = model
         self.ctx = ctx
-        self.scheduler = Scheduler(KvBudget(max_sequences, ctx.n_ctx), ctx.n_batch)
+        self.scheduler = Scheduler(budget, ctx.n_batch)
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self._eog = np.array(model.eog_tokens, dtype=np.int64)
@@ -75,6 +79,7 @@ class Engine:
         return True
 
     def _decode(self, plan: StepPlan) -> None:
+        self._apply(plan.kv_ops)
         batch = self.batch
         batch.clear()
         for request, seq in plan.decode:
@@ -83,12 +88,18 @@ class Engine:
             request = chunk.request
             tokens = request.prompt[chunk.start : chunk.end]
             last = batch.add_span(
-                tokens, chunk.start, request.primary.seq_id, chunk.completes_prompt
+                tokens,
+                chunk.start,
+                request.primary.seq_id,
+                chunk.completes_prompt,
+                logits_all=request.prompt_logprobs,
             )
             request.batch_index = last
         started = time.perf_counter()
         self.ctx.decode(batch)
-        self.stats.decode_seconds += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.decode_seconds += elapsed
+        self.stats.decode_step_seconds.observe(elapsed)
         self.stats.steps += 1
         self.stats.prompt_tokens_evaluated += plan.n_tokens - len(plan.decode)
 
@@ -100,6 +111,8 @@ class Engine:
 
         for chunk in plan.prefill:
             chunk.request.n_prefilled = chunk.end
+            if chunk.request.prompt_logprobs:
+                self._score_prompt(chunk)
             if chunk.completes_prompt:
                 self._fork(chunk)
                 out = delta_list(chunk.request)
@@ -118,8 +131,34 @@ class Engine:
             self.ctx.seq_cp(request.primary.seq_id, seq.seq_id, -1, -1)
         request.status = RequestStatus.DECODING
         request.first_token_at = time.monotonic()
+        self.stats.prompt_tokens_cached += request.n_cached
+
+    def _score_prompt(self, chunk: PrefillChunk) -> None:
+        """echo + logprobs: score each prompt token from the logits of the one before it."""
+        request = chunk.request
+        scores = request.prompt_scores
+        # Position 0 has nothing before it; positions shared from another sequence were
+        # not computed here, so they have no logits either.
+        scores.extend([None] * (chunk.start + 1 - len(scores)))
+        first = request.batch_index - (chunk.end - chunk.start - 1)  # batch index of chunk.start
+        k = request.params.logprobs or 0
+        for pos in range(chunk.start + 1, min(chunk.end + 1, request.prompt_len)):
+            row = self.ctx.logits(first + pos - 1 - chunk.start)
+            scores.append(score_token(row, request.prompt[pos], k))
 
     def _advance(self, request: Request, seq: Sequence) -> ChoiceDelta:
+        """Sample the branch's next token; score it too when the request asks for logprobs."""
+        k = request.params.logprobs
+        if k is None:  # the common case: no numpy over the logits row
+            return self._next_token(request, seq)
+        # Read before _next_token masks the row: logprobs are of the model's distribution.
+        scores = RowScores(self.ctx.logits(seq.batch_index), k)
+        delta = self._next_token(request, seq)
+        if delta.token_ids:
+            delta.logprobs = [scores.entry(delta.token_ids[-1])]
+        return delta
+
+    def _next_token(self, request: Request, seq: Sequence) -> ChoiceDelta:
         """Sample the branch's next token from this step's logits and turn it into text."""
         params = request.params
         if params.max_tokens == 0:
@@ -153,7 +192,7 @@ class Engine:
         if seq.sampler is not None:
             seq.sampler.close()
         seq.finish_reason = reason
-        self._clear(self.scheduler.finish_sequence(request, seq))
+        self._apply(self.scheduler.finish_sequence(request, seq, self._kv_path(request, seq)))
         return ChoiceDelta(seq.index, text, token_ids or [], reason)
 
     # -- endings and publishing --------------------------------------------------------
@@ -161,13 +200,19 @@ class Engine:
     def _publish(self, request: Request, choices: list[ChoiceDelta]) -> None:
         finished = not request.live
         if finished:
-            self._clear_all(self.scheduler.remove(request))
+            self._apply(self.scheduler.remove(request))
             request.status = RequestStatus.FINISHED
             self.stats.requests_finished += 1
         request.sink(self._output(request, choices, finished))
 
     def _end(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
         """End every branch of a request at once (abort, engine failure)."""
+        # An aborted request's cells are still valid and worth caching; a failed one's not.
+        paths = {
+            seq.seq_id: self._kv_path(request, seq)
+            for seq in request.live
+            if seq.seq_id >= 0 and reason is not FinishReason.ERROR
+        }
         choices = []
         for seq in request.live:
             seq.finish_reason = reason
@@ -175,7 +220,7 @@ class Engine:
                 seq.sampler.close()
             choices.append(ChoiceDelta(seq.index, "", [], reason))
         if self._tracked(request):
-            self._clear_all(self.scheduler.remove(request))
+            self._apply(self.scheduler.remove(request, paths))
         request.status = RequestStatus.FINISHED
         request.error = error
         request.sink(self._output(request, choices, True))
@@ -202,14 +247,21 @@ class Engine:
             cached_tokens=request.n_cached,
             finished=finished,
             error=request.error,
+            prompt_logprobs=request.prompt_scores if request.prompt_logprobs else None,
         )
 
-    def _clear(self, seq_id: int) -> None:
-        self.ctx.seq_rm(seq_id, -1, -1)
+    def _apply(self, ops: list[KvOp]) -> None:
+        for op in ops:
+            if op.is_remove:
+                self.ctx.seq_rm(op.dst, op.p0, op.p1)
+            else:
+                self.ctx.seq_cp(op.src, op.dst, op.p0, op.p1)
 
-    def _clear_all(self, seq_ids: list[int]) -> None:
-        for seq_id in seq_ids:
-            self._clear(seq_id)
+    def _kv_path(self, request: Request, seq: Sequence) -> list[int] | None:
+        """The tokens whose cells this branch holds (its last sampled token was never
+        decoded, so it has no cell), or None if it holds none."""
+        held = self.ctx.seq_pos_max(seq.seq_id) + 1
+        return (request.prompt + seq.tokens)[:held] if held > 0 else None
 
     @staticmethod
     def _pos(request: Request, seq: Sequence) -> int:
@@ -222,7 +274,12 @@ class Engine:
 
 
 def build_request(
-    model: Model, request_id: str, prompt: list[int], params: SamplingParams, n: int
+    model: Model,
+    request_id: str,
+    prompt: list[int],
+    params: SamplingParams,
+    n: int,
+    prompt_logprobs: bool = False,
 ) -> Request:
     """A request with `n` branches, each with its own sampler chain seeded `seed + index`.
 
@@ -244,4 +301,6 @@ def build_request(
             if seq.sampler is not None:
                 seq.sampler.close()
         raise
-    return Request(request_id, prompt, params, sequences)
+    request = Request(request_id, prompt, params, sequences)
+    request.prompt_logprobs = prompt_logprobs
+    return request

@@ -9,6 +9,7 @@ import llama_cpp as C
 
 from llama_srb.config import FlashAttn, Settings, SplitMode
 from llama_srb.engine.engine import Engine
+from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.native import Context, ContextOptions, Model, ModelOptions
 from llama_srb.engine.runtime import Runtime
 
@@ -19,6 +20,8 @@ _SPLIT = {
     SplitMode.layer: C.LLAMA_SPLIT_MODE_LAYER,
     SplitMode.row: C.LLAMA_SPLIT_MODE_ROW,
 }
+
+
 _FLASH = {
     FlashAttn.auto: C.LLAMA_FLASH_ATTN_TYPE_AUTO,
     FlashAttn.on: C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
@@ -54,10 +57,19 @@ def model_options(settings: Settings) -> ModelOptions:
     )
 
 
+def kv_budget(settings: Settings) -> KvBudget:
+    return KvBudget(
+        settings.max_sequences,
+        settings.n_ctx,
+        cache_paths=settings.cache_paths,
+        cache_cells=settings.cache_cells_resolved,
+    )
+
+
 def context_options(settings: Settings) -> ContextOptions:
     return ContextOptions(
         n_ctx=settings.n_ctx,
-        n_seq_max=settings.max_sequences,
+        n_seq_max=kv_budget(settings).n_seq,
         n_batch=settings.n_batch,
         threads=settings.threads,
         flash_attn=_FLASH[settings.flash_attn],
@@ -69,7 +81,8 @@ def load_engine(settings: Settings) -> LoadedEngine:
     log.info("loading %s", path)
     model = Model(path, model_options(settings))
     context = Context(model, context_options(settings))
-    engine = Engine(model, context, settings.max_sequences)
+    context.warm_up(model.bos)
+    engine = Engine(model, context, kv_budget(settings))
     runtime = Runtime(engine)
     runtime.start()
     log.info("ready: n_ctx=%d, max_sequences=%d", context.n_ctx, settings.max_sequences)

@@ -10,7 +10,10 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +24,7 @@ import numpy.typing as npt
 _backend_ready = False
 _GGML_LOG_WARN, _GGML_LOG_CONT = 3, 5
 _log_level = [0]  # level of the last message, which continuation pieces inherit
+_stderr_lock = threading.Lock()
 
 
 @C.llama_log_callback
@@ -30,6 +34,34 @@ def _log_callback(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
         _log_level[0] = level
     if _log_level[0] >= _GGML_LOG_WARN:
         sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+class Captured:
+    text = ""  # set when the `captured_stderr` block ends
+
+
+@contextmanager
+def captured_stderr() -> Iterator[Captured]:
+    """What is written to stderr during the block: llama.cpp prints why a grammar does not
+    parse there (not through its log callback), and the client should hear it. The fd is
+    process-wide, so the text is also passed on to the real stderr afterwards: another
+    thread's output caught meanwhile is delayed, not lost."""
+    captured = Captured()
+    with _stderr_lock, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            data = tmp.read()
+            if data:
+                os.write(2, data)
+            captured.text = data.decode("utf-8", errors="replace")
 
 
 def _init_backend() -> None:
@@ -139,6 +171,29 @@ class Model:
             self._pieces[token] = cached
         return cached
 
+    def special_piece(self, token: int) -> bytes:
+        """A token's bytes with special tokens spelled out (`<bos>`, where `piece` gives
+        nothing): for chat templates and /tokenize."""
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text of a token list, special tokens spelled out (the inverse of `tokenize`).
+        The ids must be valid: llama.cpp aborts the process on one out of range."""
+        array = (C.llama_token * len(tokens))(*tokens)
+        capacity = 4 * len(tokens) + 16
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(capacity)
+            n = C.llama_detokenize(self.vocab, array, len(tokens), buf, capacity, False, True)
+            if n >= 0:
+                return buf.raw[:n].decode("utf-8", errors="replace")
+            capacity = -n  # too small: -n is the size needed
+        raise NativeError("detokenization failed")
+
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
@@ -185,6 +240,17 @@ class Context:
         if self.ptr:
             C.llama_free(self.ptr)
             self.ptr = None
+
+    def warm_up(self, token: int) -> None:
+        """One throwaway decode, so the first request does not pay for page faults and
+        first-use setup (seconds on a cold CPU)."""
+        batch = Batch(1)
+        try:
+            batch.add(token, 0, 0, True)
+            self.decode(batch)
+        finally:
+            batch.close()
+            self.seq_rm(0, -1, -1)
 
     def decode(self, batch: Batch) -> None:
         code = C.llama_decode(self.ptr, batch.struct)
@@ -239,13 +305,20 @@ class Batch:
         return i
 
     def add_span(
-        self, tokens: Sequence[int], start_pos: int, seq_id: int, logits_last: bool
+        self,
+        tokens: Sequence[int],
+        start_pos: int,
+        seq_id: int,
+        logits_last: bool,
+        logits_all: bool = False,
     ) -> int:
-        """Append consecutive tokens of one sequence; returns the last one's index."""
+        """Append consecutive tokens of one sequence; returns the last one's index.
+        `logits_all` asks for every token's logits (to score a prompt), not just the last."""
         last = len(tokens) - 1
         index = -1
         for offset, token in enumerate(tokens):
-            index = self.add(token, start_pos + offset, seq_id, logits_last and offset == last)
+            logits = logits_all or (logits_last and offset == last)
+            index = self.add(token, start_pos + offset, seq_id, logits)
         return index
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llama_srb.engine.sequence import FinishReason
+from llama_srb.sampling.logprobs import TokenLogprob
 
 
 @dataclass
@@ -13,6 +14,7 @@ class ChoiceDelta:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
 
 
 @dataclass
@@ -24,3 +26,5 @@ class RequestOutput:
     cached_tokens: int = 0
     finished: bool = False
     error: str | None = None
+    # echo + logprobs: one per prompt token, None where there is none (the first token)
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -12,11 +12,12 @@ import contextlib
 import logging
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from llama_srb.engine.engine import Engine
+from llama_srb.engine.generation import Flight, Generation, ShuttingDown
 from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.sequence import Request
+from llama_srb.engine.sequence import Request, RequestStatus
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,34 @@ class Runtime:
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._loop, name="llama-srb-engine", daemon=True)
+        # Submitted requests not yet finished, keyed by request id (event-loop thread only).
+        self._flights: dict[str, Flight] = {}
+        self.closing = False  # draining for shutdown: new requests are refused
 
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def waiting(self) -> int:
+        """Submitted requests not admitted yet: the queue that --max-queue bounds."""
+        return sum(f.request.status is RequestStatus.WAITING for f in list(self._flights.values()))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._flights)
+
+    async def drain(self, grace: float) -> None:
+        """Refuse new requests, give those in flight `grace` seconds, then end the rest."""
+        self.closing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while self._flights and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for flight in list(self._flights.values()):
+            self._interrupt(flight, f"the server shut down (grace period of {grace:g} s over)")
+
     def stop(self) -> None:
-        """Abort whatever is in flight and join the engine thread."""
+        """Fail whatever is still in flight (see `drain`) and join the engine thread."""
         self._call(lambda: self.engine.fail_all("the server is shutting down"))
         self._stopping = True
         self._wake.set()
@@ -42,30 +65,41 @@ class Runtime:
     def abort(self, request_id: str) -> None:
         self._call(lambda: self.engine.abort(request_id))
 
-    async def generate(self, request: Request) -> AsyncIterator[RequestOutput]:
-        """Submit a request and yield its outputs until it finishes.
+    def generate(self, request: Request, timeout: float | None = None) -> Generation:
+        """Submit a request now and return the iterator of its outputs.
 
-        Leaving the iteration early (client disconnect, cancellation) aborts the request,
-        so its sequences leave the batch before the next decode step.
+        Submitting at once, not at the first read, lets the queue bound count the request
+        before its HTTP response starts. `timeout` counts from here, queueing included.
         """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        flight = Flight(request)
 
         def sink(output: RequestOutput) -> None:
             with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening
-                loop.call_soon_threadsafe(queue.put_nowait, output)
+                loop.call_soon_threadsafe(self._deliver, flight, output)
 
         request.sink = sink
+        self._flights[request.request_id] = flight
         self._call(lambda: self.engine.add(request))
-        finished = False
-        try:
-            while not finished:
-                output = await queue.get()
-                finished = output.finished
-                yield output
-        finally:
-            if not finished:
-                self.abort(request.request_id)
+        if self.closing:  # raced with shutdown: the engine still frees what it built
+            self._interrupt(flight, "the server is shutting down")
+        return Generation(flight, timeout, self._release)
+
+    def _deliver(self, flight: Flight, output: RequestOutput) -> None:
+        if output.finished:
+            flight.done = True
+            self._flights.pop(flight.request.request_id, None)
+        flight.queue.put_nowait(output)
+
+    def _release(self, flight: Flight) -> None:
+        """Its reader is gone: forget the request, aborting it unless already finished."""
+        self._flights.pop(flight.request.request_id, None)
+        if not flight.done:
+            self.abort(flight.request.request_id)
+
+    def _interrupt(self, flight: Flight, message: str) -> None:
+        flight.queue.put_nowait(ShuttingDown(message))
+        self.abort(flight.request.request_id)  # also ends requests whose reader never came
 
     def _call(self, fn: Callable[[], None]) -> None:
         self._inbox.append(fn)

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from llama_srb.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
+    from llama_srb.engine.kv import CachedPath
     from llama_srb.engine.outputs import RequestOutput
+    from llama_srb.sampling.logprobs import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -70,11 +72,17 @@ class Request:
     sink: Callable[[RequestOutput], None] = lambda _: None
     status: RequestStatus = RequestStatus.WAITING
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
-    n_cached: int = 0  # of those, how many came from the prefix cache
+    n_cached: int = 0  # of those, how many were shared from cached or live sequences
+    cache_source: CachedPath | None = None  # pinned while this request runs
+    cells_reserved_prompt: int = 0  # prompt cells this request computes itself
     batch_index: int = -1  # logits index of the last prompt token, in the step that ends prefill
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     error: str | None = None
+    # echo + logprobs: every prompt position needs its logits, so the whole prompt is
+    # computed here (a prefix shared from another sequence would have none).
+    prompt_logprobs: bool = False
+    prompt_scores: list[TokenLogprob | None] = field(default_factory=list)
 
     @property
     def n(self) -> int:

@@ -2,7 +2,8 @@
 
 The order follows llama.cpp's own default chain, so a setting means here what it means
 there: bias → penalties → DRY → top-n-sigma → top-k → typical → top-p → min-p → XTC →
-temperature → pick (dist, mirostat, or greedy at temperature 0).
+temperature → pick (dist, mirostat, or greedy at temperature 0). A grammar, when given,
+wraps the chain (sampling/grammar.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import ctypes
 import llama_cpp as C
 
 from llama_srb.engine.native import Model
-from llama_srb.sampling.params import ParamError, SamplingParams
+from llama_srb.sampling.grammar import ConstrainedChain, parse_grammar
+from llama_srb.sampling.params import SamplingParams
 
 
 class SamplerChain:
@@ -31,8 +33,21 @@ class SamplerChain:
             self.ptr = None
 
 
-def build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain:
-    """Build the chain for one sequence; `seed` is already `base seed + choice index`."""
+def build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain | ConstrainedChain:
+    """Build the chain for one sequence; `seed` is already `base seed + choice index`.
+    Raises ParamError when the grammar does not parse."""
+    chain = _build_chain(model, params, seed)
+    if params.grammar is None:
+        return chain
+    try:
+        grammar = parse_grammar(model, params.grammar)
+    except BaseException:
+        chain.close()
+        raise
+    return ConstrainedChain(chain, grammar, model.n_vocab)
+
+
+def _build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain:
     chain_params = C.llama_sampler_chain_default_params()
     chain_params.no_perf = True
     ptr = C.llama_sampler_chain_init(chain_params)
@@ -48,11 +63,6 @@ def build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain
 
 def _samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sampler_p]:
     out: list[C.llama_sampler_p] = []
-    if p.grammar is not None:
-        grammar = C.llama_sampler_init_grammar(model.vocab, p.grammar.encode(), b"root")
-        if not grammar:
-            raise ParamError("grammar", "the grammar could not be parsed (GBNF with a `root` rule)")
-        out.append(grammar)
     if p.logit_bias:
         entries = [C.llama_logit_bias(token, bias) for token, bias in p.logit_bias]
         biases = (C.llama_logit_bias * len(entries))(*entries)
@@ -60,8 +70,8 @@ def _samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sample
     if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         last_n = model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n
         out.append(
-            C.llama_sampler_init_penalties(
-                last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            C.llama_sampler_init_penalties(  # this build's API takes n_vocab first
+                model.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
             )
         )
     if p.dry_multiplier > 0.0:

@@ -22,12 +22,13 @@ def test_long_prompt_is_prefilled_in_chunks() -> None:
     r = make("a", 150)
     s.add(r)
     spans = []
-    for _ in range(3):
+    for _ in range(4):
         plan = s.schedule()
         (chunk,) = plan.prefill
         spans.append((chunk.start, chunk.end))
         r.n_prefilled = chunk.end
-    assert spans == [(0, 64), (64, 128), (128, 150)]
+    # The last token goes alone, as a decode step would take it (see _chunk_limit).
+    assert spans == [(0, 64), (64, 128), (128, 149), (149, 150)]
     assert plan.prefill[0].completes_prompt
 
 
@@ -43,6 +44,7 @@ def test_decode_tokens_of_running_requests_come_first_and_prefill_fills_the_rest
     assert [seq.index for _, seq in plan.decode] == [0, 1, 2]
     assert plan.prefill[0].request.request_id == "new"
     assert plan.n_tokens == 32  # 3 decode tokens + a 29-token chunk
+    assert not plan.prefill[0].completes_prompt
 
 
 def test_admission_respects_sequence_ids_and_cells_in_arrival_order() -> None:
@@ -60,7 +62,7 @@ def test_admission_respects_sequence_ids_and_cells_in_arrival_order() -> None:
     # A finished branch returns its id and cells; the queue moves on.
     seq = big.sequences[2]
     seq.finish_reason = FinishReason.STOP
-    s.finish_sequence(big, seq)
+    s.finish_sequence(big, seq, None)
     s.schedule()
     assert [r.request_id for r in s.running] == ["big", "blocked"]
 
@@ -71,8 +73,8 @@ def test_removing_a_request_releases_everything() -> None:
     s.add(r)
     s.schedule()
     assert s.budget.free_ids == 0
-    ids = s.remove(r)
-    assert sorted(ids) == [0, 1, 2, 3]
+    ops = s.remove(r)
+    assert sorted(op.dst for op in ops if op.is_remove) == [0, 1, 2, 3]
     assert s.budget.free_ids == 4
     assert s.budget.cells_reserved == 0
 

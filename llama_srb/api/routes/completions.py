@@ -1,4 +1,4 @@
-"""POST /v1/completions and GET /v1/models."""
+"""POST /v1/completions (a prompt or a list of prompts, n choices each) and GET /v1/models."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from llama_srb.api.choices import ChoiceResult, Gathered, gather
+from llama_srb.api.constraints import request_params
 from llama_srb.api.errors import APIError
+from llama_srb.api.logprob_format import Piece, completion_logprobs, concat
+from llama_srb.api.prompts import Prompt, merge, parse_prompts, prepare_all
 from llama_srb.api.protocol import (
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     ModelCard,
     ModelList,
-    Usage,
 )
-from llama_srb.api.serving import generate, prepare, sse_response, until_disconnect
-from llama_srb.api.sse import CompletionStream, collect_outputs
+from llama_srb.api.serving import generate, sse_response, until_disconnect
+from llama_srb.api.sse import CompletionStream
 from llama_srb.api.state import AppState
+from llama_srb.sampling.logprobs import TokenLogprob
 
 
 def completions_router(state: AppState) -> APIRouter:
@@ -31,31 +36,70 @@ def completions_router(state: AppState) -> APIRouter:
 
     @router.post("/completions", response_model=Completion)
     async def completions(body: CompletionRequest, http: Request) -> Response:
-        params = body.sampling_params()
-        prompt = state.ready().model.tokenize(body.prompt)
-        request = prepare(state, body, prompt, params, prefix="cmpl")
-        created = int(time.time())
-        outputs = generate(state, request)
+        model = state.ready().model
+        params = request_params(body, model, logprobs=body.logprobs)
+        prompts = parse_prompts(body.prompt, model)
+        scored = body.echo and body.logprobs is not None  # the prompt's logprobs too
+        requests = prepare_all(state, body, prompts, params, "cmpl", prompt_logprobs=scored)
+        request_id, created = requests[0].request_id, int(time.time())
+        outputs = merge([generate(state, request) for request in requests])
+        piece = model.piece if body.logprobs is not None else None
         if body.stream:
-            stream = CompletionStream(request.request_id, created, model_name, body.include_usage)
+            stream = CompletionStream(
+                request_id,
+                created,
+                model_name,
+                body.include_usage,
+                body.n,
+                piece,
+                prompts=prompts,
+                echo=body.echo,
+            )
             return sse_response(stream.events(outputs))
-        result = await until_disconnect(http, collect_outputs(outputs, body.n))
+        result = await until_disconnect(http, gather(outputs, len(prompts), body.n))
         if result.error is not None:
             raise APIError(500, result.error, code="engine_error")
         completion = Completion(
-            id=request.request_id,
+            id=request_id,
             created=created,
             model=model_name,
-            choices=[
-                CompletionChoice(index=i, text=text, finish_reason=reason)
-                for i, (text, reason) in enumerate(zip(result.texts, result.reasons, strict=True))
-            ],
-            usage=Usage(
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                total_tokens=result.prompt_tokens + result.completion_tokens,
-            ),
+            choices=completion_choices(result, prompts, body, piece),
+            usage=result.usage.usage(),
         )
         return JSONResponse(completion.model_dump())
 
     return router
+
+
+def completion_choices(
+    result: Gathered, prompts: list[Prompt], body: CompletionRequest, piece: Piece | None
+) -> list[CompletionChoice]:
+    choices = []
+    for choice in result.choices:
+        position = choice.index // body.n
+        prompt = prompts[position]
+        scores = result.prompt_logprobs[position] if body.echo else None
+        choices.append(
+            CompletionChoice(
+                index=choice.index,
+                text=prompt.text + choice.text if body.echo else choice.text,
+                logprobs=_logprobs(choice, prompt, scores, piece) if piece else None,
+                finish_reason=choice.finish_reason,
+            )
+        )
+    return choices
+
+
+def _logprobs(
+    choice: ChoiceResult,
+    prompt: Prompt,
+    scores: list[TokenLogprob | None] | None,
+    piece: Piece,
+) -> CompletionLogprobs:
+    """The choice's tokens (after the prompt's, with echo), offsets into prompt + text."""
+    generated = [(e.token, e) for e in choice.logprobs]
+    tail = completion_logprobs(generated, piece, len(prompt.text))[0]
+    if scores is None:
+        return tail
+    head = completion_logprobs(list(zip(prompt.tokens, scores, strict=True)), piece, 0)[0]
+    return concat(head, tail)

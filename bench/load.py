@@ -1,0 +1,276 @@
+"""Load: many clients at once, some hanging up midway; nothing may be lost.
+
+    .venv/bin/python bench/load.py [--requests 200] [--concurrency 32] [--max-tokens 24]
+                                   [--cancel 0.15] [--seed 0] [--server-args "..."]
+
+Starts the server itself on loopback (llama_srb.testing.run_server), sends --requests
+requests from --concurrency workers (streaming and not, n from 1 to 8, a fraction
+cancelled midway) and prints throughput, p50/p95 time to first token and total latency,
+and the outcome of every request. A 429 (queue full) is retried after its Retry-After and
+counted apart. "Lost" is any request that got neither a complete answer nor an explicit
+error (a dropped connection, a stream without `[DONE]`, a missing choice): it must be 0.
+Exits non-zero when a request was lost or failed, or when the server is left busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from llama_srb.testing import RunningServer, run_server
+
+PROMPTS = (
+    "The lighthouse keeper found a letter on the rocks. It said:",
+    "Write the opening line of a mystery novel set in a small fishing village:",
+    "The dragon had not left its cave in a hundred years, until the morning",
+    "Dear diary, today the strangest thing happened at the bakery.",
+)
+DEFAULT_SERVER_ARGS = "--n-ctx 8192 --max-sequences 64 --max-queue 16"
+MAX_RETRIES = 60  # 429s in a row before a request is counted as rejected
+
+
+@dataclass(frozen=True)
+class Plan:
+    index: int
+    prompt: str
+    n: int
+    max_tokens: int
+    stream: bool
+    cancel_after: float | None  # seconds (non-streaming) or after the first text (streaming)
+
+
+@dataclass
+class Result:
+    outcome: str  # ok | cancelled | error | rejected | lost
+    detail: str = ""
+    ttft: float | None = None
+    latency: float | None = None
+    tokens: int = 0
+    retries_429: int = 0
+    retry_after: float = 1.0  # from a 429
+
+
+@dataclass
+class Report:
+    results: list[Result] = field(default_factory=list)
+    wall: float = 0.0
+
+    def print(self, plans: list[Plan], command: str, left_running: dict[str, float]) -> None:
+        outcomes = Counter(r.outcome for r in self.results)
+        ok = [r for r in self.results if r.outcome == "ok"]
+        tokens = sum(r.tokens for r in self.results)
+        streaming = sum(p.stream for p in plans)
+        print(
+            f"requests      {len(plans)} ({streaming} streaming), n 1-8, "
+            f"{sum(p.cancel_after is not None for p in plans)} planned cancellations"
+        )
+        print(f"wall time     {self.wall:.1f} s")
+        print(
+            f"throughput    {len(ok) / self.wall:.2f} completed requests/s, "
+            f"{tokens / self.wall:.0f} generated tokens/s"
+        )
+        print(
+            f"TTFT          {_percentiles([r.ttft for r in ok if r.ttft is not None])}"
+            "  (streaming, to the first text)"
+        )
+        print(
+            f"latency       {_percentiles([r.latency for r in ok if r.latency is not None])}"
+            "  (completed requests, total)"
+        )
+        for name in ("ok", "cancelled", "error", "rejected", "lost"):
+            print(f"{name:<13} {outcomes.get(name, 0)}")
+        print(
+            f"429 answers   {sum(r.retries_429 for r in self.results)} (each retried after "
+            "Retry-After)"
+        )
+        print(f"left running  {left_running}")
+        for r in self.results:
+            if r.outcome in ("error", "lost"):
+                print(f"  {r.outcome}: {r.detail[:200]}")
+        print(f"reproduce     {command}")
+
+
+def _percentiles(values: list[float]) -> str:
+    if len(values) < 2:
+        return "n/a"
+    cuts = statistics.quantiles(values, n=20)  # 19 cut points: 5 %, 10 %, ..., 95 %
+    return f"p50 {statistics.median(values) * 1000:.0f} ms, p95 {cuts[18] * 1000:.0f} ms"
+
+
+def make_plans(count: int, max_tokens: int, cancel: float, seed: int) -> list[Plan]:
+    rng = random.Random(seed)
+    plans = []
+    for i in range(count):
+        stream = rng.random() < 0.5
+        cancelled = rng.random() < cancel
+        plans.append(
+            Plan(
+                index=i,
+                prompt=f"{rng.choice(PROMPTS)} ({i})",
+                n=rng.randint(1, 8),
+                max_tokens=rng.randint(max(1, max_tokens // 2), max_tokens),
+                stream=stream,
+                cancel_after=(0.0 if stream else rng.uniform(0.1, 1.0)) if cancelled else None,
+            )
+        )
+    return plans
+
+
+class Client:
+    def __init__(self, http: httpx.AsyncClient, base_url: str) -> None:
+        self.http = http
+        self.url = f"{base_url}/v1/completions"
+
+    async def run(self, plan: Plan) -> Result:
+        body = {
+            "prompt": plan.prompt,
+            "n": plan.n,
+            "max_tokens": plan.max_tokens,
+            "seed": plan.index,
+            "stream": plan.stream,
+            "stream_options": {"include_usage": True} if plan.stream else None,
+        }
+        retries = 0
+        while True:
+            started = time.monotonic()
+            try:
+                result = await (
+                    self._stream(plan, body, started)
+                    if plan.stream
+                    else self._complete(plan, body, started)
+                )
+            except (httpx.HTTPError, json.JSONDecodeError) as exc:
+                result = Result("lost", f"#{plan.index}: {type(exc).__name__}: {exc}")
+            if result.outcome != "rejected" or retries >= MAX_RETRIES:
+                result.retries_429 = retries + (result.outcome == "rejected")
+                return result
+            retries += 1
+            await asyncio.sleep(result.retry_after)
+
+    async def _complete(self, plan: Plan, body: dict[str, object], started: float) -> Result:
+        try:
+            response = await asyncio.wait_for(
+                self.http.post(self.url, json=body), plan.cancel_after
+            )
+        except TimeoutError:  # hung up on purpose: the connection closes, the server aborts
+            return Result("cancelled")
+        if response.status_code == 429:
+            return Result("rejected", retry_after=float(response.headers.get("retry-after", 1)))
+        if response.status_code != 200:
+            return Result("error", f"#{plan.index}: {response.status_code} {response.text}")
+        out = response.json()
+        reasons = [c.get("finish_reason") for c in out["choices"]]
+        if len(reasons) != plan.n or not all(r in ("stop", "length") for r in reasons):
+            return Result("lost", f"#{plan.index}: incomplete choices {reasons}")
+        latency = time.monotonic() - started
+        return Result("ok", latency=latency, tokens=out["usage"]["completion_tokens"])
+
+    async def _stream(self, plan: Plan, body: dict[str, object], started: float) -> Result:
+        ttft: float | None = None
+        finished: set[int] = set()
+        tokens = 0
+        async with self.http.stream("POST", self.url, json=body) as response:
+            if response.status_code == 429:
+                return Result("rejected", retry_after=float(response.headers.get("retry-after", 1)))
+            if response.status_code != 200:
+                await response.aread()
+                return Result("error", f"#{plan.index}: {response.status_code} {response.text}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line.removeprefix("data: ")
+                if data == "[DONE]":
+                    if len(finished) != plan.n:
+                        return Result("lost", f"#{plan.index}: [DONE] with {finished} finished")
+                    latency = time.monotonic() - started
+                    return Result("ok", ttft=ttft, latency=latency, tokens=tokens)
+                event = json.loads(data)
+                if "error" in event:
+                    return Result("error", f"#{plan.index}: {event['error']}")
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+                for choice in event["choices"]:
+                    if choice["text"] and ttft is None:
+                        ttft = time.monotonic() - started
+                        if plan.cancel_after is not None:  # hang up mid-stream
+                            return Result("cancelled")
+                    if choice["finish_reason"]:
+                        finished.add(choice["index"])
+        return Result("lost", f"#{plan.index}: the stream ended without [DONE]")
+
+
+async def drive(base_url: str, plans: list[Plan], concurrency: int) -> Report:
+    queue: asyncio.Queue[Plan] = asyncio.Queue()
+    for plan in plans:
+        queue.put_nowait(plan)
+    report = Report()
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300), limits=limits) as http:
+        client = Client(http, base_url)
+
+        async def worker() -> None:
+            while not queue.empty():
+                report.results.append(await client.run(queue.get_nowait()))
+
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        report.wall = time.monotonic() - started
+    return report
+
+
+def idle_gauges(server: RunningServer) -> dict[str, float]:
+    """Running and waiting gauges once the server settles (a second at most)."""
+    names = (
+        "llama_srb_requests_running",
+        "llama_srb_requests_waiting",
+        "llama_srb_sequences_running",
+    )
+    deadline = time.monotonic() + 1.0
+    while True:
+        sample = server.metrics()
+        gauges = {name.removeprefix("llama_srb_"): sample[name] for name in names}
+        if not any(gauges.values()) or time.monotonic() > deadline:
+            return gauges
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--cancel", type=float, default=0.15, help="fraction hung up midway")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--server-args", default=DEFAULT_SERVER_ARGS)
+    args = parser.parse_args()
+
+    plans = make_plans(args.requests, args.max_tokens, args.cancel, args.seed)
+    command = " ".join([".venv/bin/python bench/load.py", *map(shlex.quote, sys.argv[1:])])
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        run_server(Path(tmp), *shlex.split(args.server_args)) as server,
+    ):
+        print(f"server        llama-srb serve {args.server_args}")
+        report = asyncio.run(drive(server.base_url, plans, args.concurrency))
+        left_running = idle_gauges(server)
+    report.print(plans, command, left_running)
+    failed = any(r.outcome in ("error", "lost") for r in report.results)
+    sys.exit(1 if failed or any(left_running.values()) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""What constrains a request's output: a grammar (GBNF, JSON, a JSON schema) and logit bias.
+
+Turned into SamplingParams here, in the HTTP thread, so that a bad schema or bias is a
+400 that says what is wrong before anything is queued. The JSON-schema→GBNF converter is
+the one llama-cpp-python ships; llama.cpp's grammar sampler then enforces it per branch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from llama_srb.api.protocol import SamplingFields
+from llama_srb.engine.native import Model
+from llama_srb.sampling.params import ParamError, SamplingParams
+
+MAX_BIAS = 100.0  # OpenAI's range: ±100, where -100 bans a token and 100 all but forces it
+
+
+def request_params(body: SamplingFields, model: Model, **overrides: Any) -> SamplingParams:
+    """The request's SamplingParams, its constraints included; ParamError when invalid."""
+    return body.sampling_params(
+        logit_bias=logit_bias(body.logit_bias, model.n_vocab),
+        grammar=grammar_for(body),
+        **overrides,
+    )
+
+
+def grammar_for(body: SamplingFields) -> str | None:
+    """GBNF text from `grammar`, `response_format` or `json_schema`, if any was given."""
+    fmt = _json_format(body)
+    given = [
+        name
+        for name, value in (
+            ("grammar", body.grammar),
+            ("response_format", fmt),
+            ("json_schema", body.json_schema),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ParamError(given[1], f"give only one of {', '.join(given)}")
+    if body.grammar is not None:
+        return body.grammar
+    schema = body.json_schema if body.json_schema is not None else fmt
+    if schema is None:
+        return None
+    # An empty schema: any JSON object, with llama-cpp-python's stock JSON grammar.
+    return schema_grammar(schema, given[0]) if schema else JSON_GBNF
+
+
+def _json_format(body: SamplingFields) -> dict[str, Any] | None:
+    """The schema `response_format` asks for: None for text, {} for any JSON object."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return fmt.schema_ or {}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ParamError(
+            "response_format",
+            "response_format of type json_schema needs `json_schema: {name, schema}`",
+        )
+    return fmt.json_schema.schema_
+
+
+def schema_grammar(schema: dict[str, Any], param: str) -> str:
+    """A JSON schema as GBNF; ParamError with the converter's reason when it cannot be."""
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter asserts; any failure means an unusable schema
+        reason = str(exc) or type(exc).__name__
+        raise ParamError(param, f"the JSON schema cannot be used: {reason}") from None
+
+
+def logit_bias(raw: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
+    """`{"token id": bias}` as (id, bias) pairs, checked: an id out of range would crash
+    llama.cpp, and a bias outside ±100 is what OpenAI refuses too."""
+    if not raw:
+        return ()
+    pairs: list[tuple[int, float]] = []
+    for key, bias in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}") from None
+        if not 0 <= token < n_vocab:
+            raise ParamError(
+                "logit_bias", f"logit_bias token {token} is not in the vocabulary [0, {n_vocab})"
+            )
+        if not math.isfinite(bias) or abs(bias) > MAX_BIAS:
+            raise ParamError(
+                "logit_bias", f"logit_bias for token {token} must be in [-100, 100], got {bias}"
+            )
+        pairs.append((token, float(bias)))
+    return tuple(pairs)

@@ -1,0 +1,127 @@
+"""Prompt lists: each prompt becomes its own engine request with `n` branches.
+
+The engine batches concurrent requests already, so the prompts of one call run together;
+here they are checked, built all at once (any error is a 400 before one is queued), and
+their outputs merged into one stream tagged with the prompt's position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+from llama_srb.api.errors import APIError
+from llama_srb.api.protocol import SamplingFields
+from llama_srb.api.serving import prepare
+from llama_srb.api.state import AppState
+from llama_srb.engine.native import Model
+from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.sampling.params import SamplingParams
+
+# Bounds the native objects (sampler chains) one HTTP call can make the server build.
+MAX_PROMPTS = 256
+
+RawPrompt = str | list[str] | list[int] | list[list[int]]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    text: str  # what `echo` returns: the client's string, or the token ids' text
+
+
+def parse_prompts(raw: RawPrompt, model: Model) -> list[Prompt]:
+    """The prompts of a request, tokenized and checked (token ids must be in the vocabulary)."""
+    if isinstance(raw, str):
+        return [Prompt(model.tokenize(raw), raw)]
+    if not raw:
+        raise APIError(400, "the prompt list is empty", param="prompt")
+    if all(isinstance(t, int) for t in raw):
+        return [_token_prompt(cast(list[int], raw), model)]
+    if len(raw) > MAX_PROMPTS:
+        raise APIError(400, f"at most {MAX_PROMPTS} prompts per request", param="prompt")
+    return [
+        Prompt(model.tokenize(p), p) if isinstance(p, str) else _token_prompt(p, model)
+        for p in cast(list[str] | list[list[int]], raw)
+    ]
+
+
+def _token_prompt(tokens: list[int], model: Model) -> Prompt:
+    bad = next((t for t in tokens if not 0 <= t < model.n_vocab), None)
+    if bad is not None:
+        raise APIError(
+            400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", param="prompt"
+        )
+    text = b"".join(model.piece(t) for t in tokens).decode("utf-8", errors="replace")
+    return Prompt(tokens, text)
+
+
+def prepare_all(
+    state: AppState,
+    body: SamplingFields,
+    prompts: Sequence[Prompt],
+    params: SamplingParams,
+    prefix: str,
+    prompt_logprobs: bool = False,
+) -> list[EngineRequest]:
+    """One engine request per prompt; if any cannot be built, none is kept."""
+    requests: list[EngineRequest] = []
+    try:
+        for prompt in prompts:
+            requests.append(prepare(state, body, prompt.tokens, params, prefix, prompt_logprobs))
+    except BaseException:
+        for request in requests:
+            discard(request)
+        raise
+    return requests
+
+
+def discard(request: EngineRequest) -> None:
+    """Free the native samplers of a request that was built but will never be submitted."""
+    for seq in request.sequences:
+        if seq.sampler is not None:
+            seq.sampler.close()
+
+
+async def merge(
+    streams: Sequence[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of several requests as they come, each with its stream's position.
+
+    Leaving early (disconnect, cancellation) cancels every stream, which aborts its request.
+    """
+    if len(streams) == 1:  # the usual case: no tasks, cancellation reaches the stream itself
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(position: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((position, out))
+        except Exception as exc:  # handed to the consumer, not lost in a task
+            queue.put_nowait((position, exc))
+        finally:
+            queue.put_nowait((position, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            position, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield position, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,158 @@
+"""POST /v1/chat/completions: messages → the model's chat template → the same engine path
+as completions (one prefill, n branches decoded together)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from llama_srb.api.chat_protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatRequest,
+    ChoiceLogprobs,
+)
+from llama_srb.api.chat_template import ChatTemplate, ChatTemplateError
+from llama_srb.api.choices import ChoiceResult, gather
+from llama_srb.api.constraints import request_params
+from llama_srb.api.errors import APIError
+from llama_srb.api.logprob_format import Piece, chat_logprobs
+from llama_srb.api.prompts import merge
+from llama_srb.api.serving import generate, prepare, sse_response, until_disconnect
+from llama_srb.api.sse import ChatStream
+from llama_srb.api.state import AppState
+from llama_srb.engine.native import Model
+from llama_srb.sampling.params import ParamError, SamplingParams
+
+# Without max_tokens a reply may take what fits in the context, up to this many tokens:
+# each branch's tokens are reserved in the KV cache when its request is admitted, so an
+# uncapped default would hold the whole context for one request and make the rest wait.
+DEFAULT_MAX_TOKENS_CAP = 2048
+
+
+def chat_router(state: AppState) -> APIRouter:
+    router = APIRouter()
+    model_name = state.settings.model_name
+    templates = TemplateSource(state.settings.chat_template)
+
+    @router.post("/chat/completions", response_model=ChatCompletion)
+    async def chat_completions(body: ChatRequest, http: Request) -> Response:
+        loaded = state.ready()
+        prompt = chat_prompt(loaded.model, templates.get(loaded.model), body)
+        params = chat_params(body, loaded.model, len(prompt), loaded.n_ctx)
+        request = prepare(state, body, prompt, params, prefix="chatcmpl")
+        created = int(time.time())
+        outputs = generate(state, request)
+        piece = loaded.model.piece if body.logprobs else None
+        if body.stream:
+            stream = ChatStream(
+                request.request_id, created, model_name, body.include_usage, body.n, piece
+            )
+            return sse_response(stream.events(outputs))
+        result = await until_disconnect(http, gather(merge([outputs]), 1, body.n))
+        if result.error is not None:
+            raise APIError(500, result.error, code="engine_error")
+        completion = ChatCompletion(
+            id=request.request_id,
+            created=created,
+            model=model_name,
+            choices=[chat_choice(choice, piece) for choice in result.choices],
+            usage=result.usage.usage(),
+        )
+        return JSONResponse(completion.model_dump())
+
+    return router
+
+
+class TemplateSource:
+    """The chat template, compiled on first use: --chat-template FILE, else the model's."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._template: ChatTemplate | None = None
+
+    def get(self, model: Model) -> ChatTemplate:
+        if self._template is None:
+            source = self._source(model)
+            try:
+                self._template = ChatTemplate(
+                    source, _special(model, model.bos), _special(model, model.eos)
+                )
+            except ChatTemplateError as exc:
+                raise APIError(400, str(exc), code="chat_template_invalid") from None
+        return self._template
+
+    def _source(self, model: Model) -> str:
+        if self._path is not None:
+            return self._path.read_text(encoding="utf-8")
+        source = model.metadata("tokenizer.chat_template")
+        if not source:
+            raise APIError(
+                400,
+                "this model has no chat template (no `tokenizer.chat_template` in its GGUF):"
+                " start the server with --chat-template FILE, or use /v1/completions",
+                param="messages",
+                code="chat_template_missing",
+            )
+        return source
+
+
+def _special(model: Model, token: int) -> str:
+    # -1: the model has no such token
+    return model.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
+
+def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest) -> list[int]:
+    """The rendered conversation as tokens, with exactly one BOS where the model wants one."""
+    messages = [{"role": m.role, "content": m.content or ""} for m in body.messages]
+    try:
+        text = template.render(messages, add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), param="messages", code="chat_template_error") from None
+    # Templates usually write the BOS themselves (`{{ bos_token }}`): add it only if not.
+    tokens = model.tokenize(text, add_special=False, parse_special=True)
+    if model.add_bos and model.bos >= 0 and tokens[:1] != [model.bos]:
+        tokens.insert(0, model.bos)
+    return tokens
+
+
+def chat_params(body: ChatRequest, model: Model, prompt_len: int, n_ctx: int) -> SamplingParams:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
+        raise ParamError(
+            "top_logprobs", f"top_logprobs must be in [0, 20], got {body.top_logprobs}"
+        )
+    max_tokens = body.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n)
+    params = request_params(body, model, max_tokens=max_tokens)
+    # Chat's logprobs is a switch; the engine's is the number of alternatives (or None).
+    k = (body.top_logprobs or 0) if body.logprobs else None
+    return dataclasses.replace(params, logprobs=k)
+
+
+def default_max_tokens(n_ctx: int, prompt_len: int, n: int) -> int:
+    """What fits: the context left after the prompt, shared by the n branches, capped.
+    At least 1, so that a prompt that leaves no room gets the context-length error."""
+    fits = (n_ctx - prompt_len) // max(n, 1)
+    return max(1, min(fits, DEFAULT_MAX_TOKENS_CAP))
+
+
+def chat_choice(choice: ChoiceResult, piece: Piece | None) -> ChatChoice:
+    logprobs = None
+    if piece is not None:
+        logprobs = ChoiceLogprobs(content=chat_logprobs(choice.logprobs, piece))
+    return ChatChoice(
+        index=choice.index,
+        message=AssistantMessage(content=choice.text),
+        logprobs=logprobs,
+        finish_reason=choice.finish_reason,
+    )

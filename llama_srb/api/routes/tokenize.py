@@ -1,0 +1,67 @@
+"""POST /tokenize and /detokenize, as llama.cpp's server has them: writing tools use them to
+count tokens against the context before they send a prompt."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+
+from llama_srb.api.errors import APIError
+from llama_srb.api.state import AppState
+
+
+class TokenizeRequest(BaseModel):
+    content: str
+    add_special: bool = Field(False, description="add the BOS token the model wants, if any")
+    parse_special: bool = Field(True, description="read `<start_of_turn>` etc. as one token")
+    with_pieces: bool = Field(False, description="return each token's text beside its id")
+
+
+class TokenPiece(BaseModel):
+    id: int
+    piece: str | list[int]  # the text, or the bytes when they are not valid UTF-8 alone
+
+
+class TokenizeResponse(BaseModel):
+    tokens: list[int] | list[TokenPiece]
+
+
+class DetokenizeRequest(BaseModel):
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    content: str
+
+
+def tokenize_router(state: AppState) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/tokenize", response_model=TokenizeResponse)
+    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        model = state.ready().model
+        tokens = model.tokenize(body.content, body.add_special, body.parse_special)
+        if not body.with_pieces:
+            return TokenizeResponse(tokens=tokens)
+        return TokenizeResponse(
+            tokens=[TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
+        )
+
+    @router.post("/detokenize", response_model=DetokenizeResponse)
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        model = state.ready().model
+        bad = next((t for t in body.tokens if not 0 <= t < model.n_vocab), None)
+        if bad is not None:  # llama.cpp would abort the process on it
+            raise APIError(
+                400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", "tokens"
+            )
+        return DetokenizeResponse(content=model.detokenize(body.tokens))
+
+    return router
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)

@@ -1,0 +1,44 @@
+"""A fixed-bucket histogram of plain ints, so the engine can record timings without
+importing a metrics library; the API layer exports it (Prometheus `le` semantics)."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+# Seconds, 1 ms to 10 s: a decode step of one token per sequence up to a long prefill chunk.
+STEP_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+
+
+@dataclass
+class Histogram:
+    """Counts per bucket (the last one is +Inf) and the sum of observed values.
+
+    Written by one thread (the engine's) and read at scrape time by another: each field is
+    a plain int or float, so a reader sees at worst a step that is half counted.
+    """
+
+    bounds: tuple[float, ...] = STEP_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1  # first bound >= value: `le`
+        self.total += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) per bucket, ending with (+inf, count)."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out

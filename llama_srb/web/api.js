@@ -1,0 +1,67 @@
+// The server's OpenAI-compatible API, as the UI uses it: the model name and streamed
+// completions (Server-Sent Events read from fetch, since EventSource cannot POST).
+
+export class ApiError extends Error {}
+
+function headers(apiKey) {
+  const h = { "Content-Type": "application/json" };
+  if (apiKey) h.Authorization = `Bearer ${apiKey}`;
+  return h;
+}
+
+/** The server's error body (`{error: {message}}`) as an ApiError, whatever the status. */
+async function errorOf(response) {
+  let message = `${response.status} ${response.statusText}`;
+  try {
+    const body = await response.json();
+    if (body?.error?.message) message = body.error.message;
+  } catch {
+    // not JSON (a proxy's page, say): the status line is all we have
+  }
+  return new ApiError(message);
+}
+
+export async function fetchModelName(apiKey) {
+  const response = await fetch("v1/models", { headers: headers(apiKey) });
+  if (!response.ok) throw await errorOf(response);
+  const body = await response.json();
+  return body.data?.[0]?.id ?? "(no model)";
+}
+
+/**
+ * POSTs a streamed completion and calls `onChunk(json)` for each event until `[DONE]`.
+ * Aborting `signal` closes the connection, which cancels the generation on the server.
+ */
+export async function streamCompletion(body, { apiKey, signal, onChunk }) {
+  const response = await fetch("v1/completions", {
+    method: "POST",
+    headers: headers(apiKey),
+    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+    signal,
+  });
+  if (!response.ok) throw await errorOf(response);
+  for await (const data of sseData(response.body)) {
+    if (data === "[DONE]") return;
+    const chunk = JSON.parse(data);
+    if (chunk.error) throw new ApiError(chunk.error.message ?? "the server failed");
+    onChunk(chunk);
+  }
+}
+
+/** The `data:` payloads of an SSE byte stream; events end with a blank line. */
+async function* sseData(stream) {
+  const reader = stream.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value.replaceAll("\r\n", "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const lines = event.split("\n").filter((l) => l.startsWith("data:"));
+      if (lines.length) yield lines.map((l) => l.slice(5).trimStart()).join("\n");
+    }
+  }
+}

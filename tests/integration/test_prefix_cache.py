@@ -1,0 +1,112 @@
+"""The prefix cache with the real model: reuse is exact, and it really skips work."""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from llama_srb.testing import RunningServer, run_server
+
+CHAPTER = (
+    " Chapter one. The rain had not stopped for three days when Ilse found the letter under "
+    "the floorboards of her grandmother's kitchen. The envelope was yellow and brittle, and "
+    "the handwriting on it belonged to someone she had never met."
+)
+
+
+def story(words: int = 1) -> str:
+    """A prompt no other test has sent, so nothing of it is cached yet."""
+    return f"{uuid.uuid4().hex}." + CHAPTER * words  # no trailing space: clean token seams
+
+
+def complete(server: RunningServer, **body: object) -> dict:
+    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def evaluated(server: RunningServer) -> float:
+    return server.metric("llama_srb_prompt_tokens_evaluated_total")
+
+
+def test_a_repeated_prompt_is_served_from_the_cache(server: RunningServer) -> None:
+    prompt = story(4)
+    cold = complete(server, prompt=prompt, max_tokens=12, temperature=0)
+    before = evaluated(server)
+    warm = complete(server, prompt=prompt, max_tokens=12, temperature=0)
+    usage = warm["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 0.95 * usage["prompt_tokens"]
+    assert evaluated(server) - before == usage["prompt_tokens"] - cached
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+
+
+def test_a_branch_reuses_the_prompt_and_the_chosen_continuation(server: RunningServer) -> None:
+    prompt = story(3)
+    first = complete(server, prompt=prompt, n=3, max_tokens=16, seed=5, ignore_eos=True)
+    chosen = first["choices"][1]["text"]
+    branch_prompt = prompt + chosen + " Then"
+    cold_tokens = first["usage"]["prompt_tokens"]
+    branch = complete(server, prompt=branch_prompt, n=3, max_tokens=8, temperature=0)
+    cached = branch["usage"]["prompt_tokens_details"]["cached_tokens"]
+    # The whole first prompt and (but for a token at the seams) the chosen branch.
+    assert cached >= cold_tokens + 16 - 3
+    assert all(c["text"] for c in branch["choices"])
+
+
+def test_sliding_window_model_reuses_positions_beyond_the_window(server: RunningServer) -> None:
+    """Gemma 3 attends over a 512-token window in most layers; with swa_full the cells
+    far behind stay, so a cached 1,000-token prompt continues exactly like a cold one."""
+    prompt = story(16)
+    cold = complete(server, prompt=prompt, max_tokens=16, temperature=0, ignore_eos=True)
+    assert cold["usage"]["prompt_tokens"] > 750
+    warm = complete(server, prompt=prompt, max_tokens=16, temperature=0, ignore_eos=True)
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 750
+    assert warm["choices"][0]["text"] == cold["choices"][0]["text"]
+    # ...and a branch from deep inside the window continues like a cold run too.
+    branch = prompt + cold["choices"][0]["text"]
+    warm_branch = complete(server, prompt=branch, max_tokens=8, temperature=0, ignore_eos=True)
+    branch_cached = warm_branch["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert branch_cached >= cold["usage"]["prompt_tokens"] + 10
+
+
+def test_concurrent_requests_with_one_prompt_evaluate_it_once(server: RunningServer) -> None:
+    prompt = story(6)
+    before = evaluated(server)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(
+            pool.map(lambda s: complete(server, prompt=prompt, max_tokens=4, seed=s), range(4))
+        )
+    prompt_tokens = results[0]["usage"]["prompt_tokens"]
+    # Once in full, then at most the last token again per request (for its own logits).
+    assert evaluated(server) - before <= prompt_tokens + 3 * 2
+    assert sum(r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in results) >= 3 * (
+        prompt_tokens - 2
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_cache_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    with run_server(
+        Path(tmp_path_factory.mktemp("tiny")), "--n-ctx", "2048", "--cache-cells", "250"
+    ) as running:
+        yield running
+
+
+def test_eviction_under_a_tiny_cache_keeps_every_response_correct(
+    tiny_cache_server: RunningServer,
+) -> None:
+    """The cache holds about two of these paths, so prompt 0 stays hot while the others
+    push each other out: hits, misses and evictions all happen."""
+    prompts = [story(2) for _ in range(4)]
+    seen: dict[int, str] = {}
+    for index in [0, 1, 0, 2, 0, 3, 1, 2, 0, 3]:
+        out = complete(tiny_cache_server, prompt=prompts[index], n=2, max_tokens=8, temperature=0)
+        first, second = (c["text"] for c in out["choices"])
+        assert first == second
+        assert seen.setdefault(index, first) == first
+    assert tiny_cache_server.metric("llama_srb_prompt_tokens_cached_total") > 0

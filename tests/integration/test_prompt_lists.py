@@ -1,0 +1,89 @@
+"""Prompt lists and token-id prompts: each prompt gets n choices, all batched together."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from llama_srb.testing import RunningServer
+
+A = "The lighthouse keeper opened the door and"
+B = "Far out at sea, the fishing boat"
+
+
+def complete(server: RunningServer, **body: object) -> dict:
+    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def tokenize(server: RunningServer, text: str) -> list[int]:
+    body = {"content": text, "add_special": True}
+    return httpx.post(f"{server.base_url}/tokenize", json=body).json()["tokens"]
+
+
+def test_each_prompt_gets_n_choices_indexed_by_position(server: RunningServer) -> None:
+    out = complete(server, prompt=[A, B], n=2, max_tokens=5, temperature=0)
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2, 3]
+    alone = [complete(server, prompt=p, max_tokens=5, temperature=0) for p in (A, B)]
+    texts = [c["text"] for c in out["choices"]]
+    assert texts[0] == texts[1] == alone[0]["choices"][0]["text"]
+    assert texts[2] == texts[3] == alone[1]["choices"][0]["text"]
+    usage = out["usage"]
+    assert usage["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+
+
+def test_token_id_prompts_equal_their_text(server: RunningServer) -> None:
+    ids_a, ids_b = tokenize(server, A), tokenize(server, B)
+    by_text = complete(server, prompt=[A, B], max_tokens=4, temperature=0)
+    by_ids = complete(server, prompt=[ids_a, ids_b], max_tokens=4, temperature=0)
+    single = complete(server, prompt=ids_a, max_tokens=4, temperature=0, echo=True)
+    assert [c["text"] for c in by_ids["choices"]] == [c["text"] for c in by_text["choices"]]
+    assert single["choices"][0]["text"] == A + by_text["choices"][0]["text"]
+
+
+def test_prompt_list_through_the_sdk(server: RunningServer) -> None:
+    client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
+    out = client.completions.create(
+        model="gemma-3-270m-q4_k_m", prompt=[A, B], n=3, max_tokens=3, seed=4
+    )
+    assert sorted(c.index for c in out.choices) == list(range(6))
+    assert all(c.finish_reason in ("stop", "length") for c in out.choices)
+
+
+def test_streamed_prompt_list_finishes_every_choice(server: RunningServer) -> None:
+    body = {"prompt": [A, B, A], "n": 2, "max_tokens": 4, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    finished: dict[int, str] = {}
+    usage = None
+    with httpx.stream("POST", f"{server.api_url}/completions", json=body, timeout=120) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        chunk = json.loads(line[6:])
+        usage = chunk.get("usage") or usage
+        for c in chunk["choices"]:
+            if c["finish_reason"]:
+                finished[c["index"]] = c["finish_reason"]
+    assert sorted(finished) == [0, 1, 2, 3, 4, 5]
+    assert usage is not None and usage["completion_tokens"] <= 6 * 4
+
+
+@pytest.mark.parametrize(
+    ("prompt", "words"),
+    [
+        ([], "empty"),
+        ([[]], "empty"),
+        ([1, 10**9], "not in the vocabulary"),
+        ([[5], [-3]], "not in the vocabulary"),
+        (["x", 1], "prompt must be"),
+    ],
+)
+def test_bad_prompt_lists_are_400s(server: RunningServer, prompt: object, words: str) -> None:
+    response = httpx.post(f"{server.api_url}/completions", json={"prompt": prompt})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "prompt" and words in error["message"]
