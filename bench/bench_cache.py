@@ -1,6 +1,6 @@
 """The prefix cache, measured: swipes, a tree walk, and what idle cached cells cost.
 
-    .venv/bin/python bench/bench_cache.py [--new-tokens 128] [--fill 0,1024,2048,4096]
+    .venv/bin/python bench/bench_cache.py [--new-tokens 128] [--fill 0,2048,4096,6144]
 
 1. Swipes: 8 concurrent requests with n=1 and the same ~512-token prompt vs one request
    with n=8 (each on a prompt not seen before, 128 new tokens, ignore_eos).
@@ -136,7 +136,7 @@ def cache_tax(client: Client, server: RunningServer, fills: list[int], new_token
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--fill", default="0,1024,2048,4096")
+    parser.add_argument("--fill", default="0,2048,4096,6144")
     parser.add_argument("--n-ctx", type=int, default=8192)
     args = parser.parse_args()
     fills = [int(x) for x in args.fill.split(",")]
@@ -147,9 +147,11 @@ def main() -> None:
             client.complete("warm-up", 1, 4)
             one_n8, eight_n1 = swipes(client, args.new_tokens)
             walk = tree_walk(client, args.new_tokens)
-        # The tax needs a cache budget above the largest fill: a server of its own.
-        budget = str(max(fills) + 1024)
-        with run_server(Path(tmp), "--n-ctx", str(args.n_ctx), "--cache-cells", budget) as server:
+        # The tax needs a cache budget above the largest fill, and room beside it for the
+        # measured request: a server of its own.
+        budget = max(fills) + 1024
+        n_ctx = str(max(args.n_ctx, budget + 4096))
+        with run_server(Path(tmp), "--n-ctx", n_ctx, "--cache-cells", str(budget)) as server:
             client = Client(server)
             client.complete("warm-up", 1, 4)
             tax = cache_tax(client, server, fills, args.new_tokens)

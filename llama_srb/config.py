@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+DEFAULT_CACHE_CELLS = 2048
+
 
 class SplitMode(StrEnum):
     none = "none"
@@ -51,7 +53,7 @@ class Settings(BaseSettings):
         None,
         ge=0,
         description="KV cells the prefix cache may keep for finished sequences (0: no prefix "
-        "reuse at all; default: a quarter of --n-ctx)",
+        "reuse at all; default: a quarter of --n-ctx, at most 2048)",
     )
     cache_paths: int = Field(
         64, ge=1, le=255, description="finished sequences the prefix cache may keep"
@@ -128,7 +130,12 @@ class Settings(BaseSettings):
 
     @property
     def cache_cells_resolved(self) -> int:
-        return self.n_ctx // 4 if self.cache_cells is None else min(self.cache_cells, self.n_ctx)
+        if self.cache_cells is None:
+            # Idle cached cells make every step a little slower (attention spans them):
+            # decode by a few percent, a 512-token prefill by more (bench/bench_cache.py,
+            # bench/bench_batching.py); 2,048 keeps a 1,500-token story and its branches.
+            return min(DEFAULT_CACHE_CELLS, self.n_ctx // 4)
+        return min(self.cache_cells, self.n_ctx)
 
     @model_validator(mode="after")
     def _max_n_fits(self) -> Settings:

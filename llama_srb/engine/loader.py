@@ -81,7 +81,6 @@ def load_engine(settings: Settings) -> LoadedEngine:
     log.info("loading %s", path)
     model = Model(path, model_options(settings))
     context = Context(model, context_options(settings))
-    context.warm_up(model.bos)
     engine = Engine(model, context, kv_budget(settings))
     runtime = Runtime(engine)
     runtime.start()

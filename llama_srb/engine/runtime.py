@@ -106,6 +106,11 @@ class Runtime:
         self._wake.set()
 
     def _loop(self) -> None:
+        # The first decode pays for page faults and first-use setup. It runs here, on the
+        # thread that will decode from now on: llama.cpp's OpenMP thread team belongs to
+        # the thread that first starts it, and decoding from a second thread ran ~1.5x
+        # slower (measured: 5.6 s vs 3.7 s for the same 128 tokens).
+        self.engine.ctx.warm_up(self.engine.model.bos)
         while True:
             self._wake.clear()
             while self._inbox:
