@@ -44,6 +44,7 @@ class Engine:
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self._eog = np.array(model.eog_tokens, dtype=np.int64)
+        self._eog_set = frozenset(model.eog_tokens)  # per-token check without a C call
 
     def close(self) -> None:
         self.batch.close()
@@ -168,7 +169,7 @@ class Engine:
         assert seq.sampler is not None and seq.decoder is not None
         token = seq.sampler.sample(self.ctx.ptr, seq.batch_index)
         self.stats.generated_tokens += 1
-        if self.model.is_eog(token):
+        if token in self._eog_set:
             return self._end_sequence(request, seq, FinishReason.STOP)
         seq.tokens.append(token)
         text = seq.decoder.push(token, check_stops=len(seq.tokens) > params.min_tokens)
