@@ -194,9 +194,6 @@ class Model:
             capacity = -n  # too small: -n is the size needed
         raise NativeError("detokenization failed")
 
-    def is_eog(self, token: int) -> bool:
-        return bool(C.llama_vocab_is_eog(self.vocab, token))
-
 
 @dataclass(frozen=True)
 class ContextOptions:
