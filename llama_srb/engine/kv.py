@@ -72,16 +72,23 @@ class PrefixCache:
     max_cells: int
     paths: list[CachedPath] = field(default_factory=list)
     _clock: itertools.count[int] = field(default_factory=itertools.count)
+    _all_cells: int | None = None  # cells() of all paths, until the paths change
 
     @property
     def enabled(self) -> bool:
         return self.max_cells > 0
 
     def cells(self, paths: list[CachedPath] | None = None) -> int:
-        """Distinct cells of `paths` (default: all): sum of lengths minus sum of LCPs of sorted neighbours."""
+        """Distinct cells of `paths` (default: all, memoized: admission asks every step
+        while a request waits): sum of lengths minus sum of LCPs of sorted neighbours."""
+        if paths is None and self._all_cells is not None:
+            return self._all_cells
         ordered = sorted(p.tokens for p in (self.paths if paths is None else paths))
         shared = sum(common_prefix(a, b) for a, b in itertools.pairwise(ordered))
-        return sum(len(t) for t in ordered) - shared
+        total = sum(len(t) for t in ordered) - shared
+        if paths is None:
+            self._all_cells = total
+        return total
 
     def pinned_cells(self, extra: CachedPath | None = None) -> int:
         pinned = [p for p in self.paths if p.pins or p is extra]
@@ -117,6 +124,7 @@ class PrefixCache:
             ops.append(KvOp.remove(path.seq_id))
             self.paths.remove(path)
         self.paths.append(CachedPath(seq_id, tokens, next(self._clock)))
+        self._all_cells = None
         return ops, [p.seq_id for p in dropped]
 
     def evict_lru(self) -> int | None:
@@ -126,6 +134,7 @@ class PrefixCache:
             return None
         victim = min(candidates, key=lambda p: p.last_used)
         self.paths.remove(victim)
+        self._all_cells = None
         return victim.seq_id
 
 
