@@ -12,7 +12,27 @@ from pathlib import Path
 from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_CACHE_CELLS = 2048
+MIN_AUTO_N_CTX = 4096  # as llama.cpp's --fit, never chosen lower on its own
+MEMORY_MARGIN = 1 << 30  # left to compute buffers, the OS and everything else
+GiB, MiB = float(1 << 30), float(1 << 20)
+
+
+def fit_n_ctx(n_ctx_train: int, bytes_per_cell: int, available: int | None) -> tuple[int, str]:
+    """The default context size and why: the model's training context, lowered (in steps
+    of 256) until its KV cache takes at most half of the memory available beyond a margin."""
+    train = n_ctx_train if n_ctx_train > 0 else MIN_AUTO_N_CTX
+    kv = f"KV cache {train * bytes_per_cell / MiB:.0f} MiB"
+    if available is None:
+        return train, f"the model's training context ({kv}; available memory unknown)"
+    fits = (available - MEMORY_MARGIN) // 2 // max(bytes_per_cell, 1) // 256 * 256
+    if fits >= train:
+        return train, f"the model's training context ({kv}, {available / GiB:.1f} GiB available)"
+    n_ctx = max(fits, min(train, MIN_AUTO_N_CTX))
+    floor = " (the floor: memory is short)" if n_ctx > fits else ""
+    return n_ctx, (
+        f"lowered from the model's training context ({train}, {kv}) to fit in"
+        f" {available / GiB:.1f} GiB of available memory{floor}; --n-ctx sets it"
+    )
 
 
 class SplitMode(StrEnum):
@@ -43,8 +63,12 @@ class Settings(BaseSettings):
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(9090, ge=0, le=65535, description="port to listen on (0: any free port)")
-    n_ctx: int = Field(
-        8192, ge=256, le=1 << 20, description="KV cells shared by all live sequences"
+    n_ctx: int | None = Field(
+        None,
+        ge=256,
+        le=1 << 20,
+        description="KV cells shared by all live sequences and the prefix cache (default: the"
+        " model's training context, lowered to fit in memory)",
     )
     max_sequences: int = Field(
         64, ge=1, le=256, description="sequences decoded at once, across all requests"
@@ -52,11 +76,15 @@ class Settings(BaseSettings):
     cache_cells: int | None = Field(
         None,
         ge=0,
-        description="KV cells the prefix cache may keep for finished sequences (0: no prefix "
-        "reuse at all; default: a quarter of --n-ctx, at most 2048)",
+        description="KV cells the prefix cache may keep for finished sequences while no running"
+        " request needs them (0: no prefix reuse at all; default: all of them)",
     )
     cache_paths: int = Field(
-        64, ge=1, le=255, description="finished sequences the prefix cache may keep"
+        64,
+        ge=1,
+        le=255,
+        description="finished sequences the prefix cache may keep while --max-sequences run"
+        " (more while fewer run); max-sequences + cache-paths is at most 256",
     )
     max_n: int = Field(64, ge=1, le=256, description="largest `n` a request may ask for")
     n_batch: int = Field(
@@ -128,14 +156,12 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @property
-    def cache_cells_resolved(self) -> int:
+    def cache_cells_for(self, n_ctx: int) -> int:
         if self.cache_cells is None:
-            # Idle cached cells make every step a little slower (attention spans them):
-            # decode by a few percent, a 512-token prefill by more (bench/bench_cache.py,
-            # bench/bench_batching.py); 2,048 keeps a 1,500-token story and its branches.
-            return min(DEFAULT_CACHE_CELLS, self.n_ctx // 4)
-        return min(self.cache_cells, self.n_ctx)
+            # Idle cached cells slow a step far less than re-reading a story costs (README,
+            # "Prefix cache"), so by default the cache may use every cell not in use.
+            return n_ctx
+        return min(self.cache_cells, n_ctx)
 
     @model_validator(mode="after")
     def _max_n_fits(self) -> Settings:
@@ -147,6 +173,14 @@ class Settings(BaseSettings):
         if self.max_sequences + self.cache_paths > 256:
             raise ValueError("max_sequences + cache_paths must be at most 256 (llama.cpp's limit)")
         return self
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_blank(cls, value: str | None) -> str | None:
+        # LLAMA_SRB_API_KEY="" must not quietly mean "no auth": fail at startup instead.
+        if value is not None and not value.strip():
+            raise ValueError("api_key is empty: set a key, or unset the option for no auth")
+        return value
 
     @model_validator(mode="after")
     def _key_file_has_keys(self) -> Settings:

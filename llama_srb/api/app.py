@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from llama_srb.api.auth import ApiKeys
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import EngineCollector
 from llama_srb.api.middleware import install_middleware
@@ -44,10 +43,14 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="llama-srb", version="0.1.0", lifespan=lifespan)
     app.state.srb = state
     install_error_handlers(app)
-    install_middleware(app, settings, state.metrics)
+    # Without a key a client reaches only these: the probe, the scrape and the UI's files.
+    open_paths = {"/health", "/metrics", "/", *(f"/{f.name}" for f in WEB_DIR.iterdir())}
+    install_middleware(app, settings, state.metrics, open_paths)
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        if state.engine_failure is not None:  # the process is about to exit
+            return JSONResponse({"status": "error", "error": state.engine_failure}, 503)
         if state.loaded is None:
             status = "error" if state.load_error else "loading"
             return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
@@ -56,24 +59,21 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"status": "ok", "model": settings.model_name})
 
     registry = state.metrics.registry
-    registry.register(EngineCollector(lambda: state.loaded.engine if state.loaded else None))
+    registry.register(
+        EngineCollector(lambda: state.loaded.engine.snapshot if state.loaded else None)
+    )
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
-    keys = ApiKeys(settings)
-
-    async def authorized(http: Request) -> None:
-        keys.check(http)
-
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(authorized)])
+    v1 = APIRouter(prefix="/v1")
     v1.include_router(completions_router(state))
     v1.include_router(chat_router(state))
     v1.include_router(tokenize_router(state))
     app.include_router(v1)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there.
-    app.include_router(tokenize_router(state), dependencies=[Depends(authorized)])
+    app.include_router(tokenize_router(state))
     # The browser UI: static files, no build step; mounted last so API routes win.
     app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app

@@ -1,13 +1,21 @@
-"""API keys: `Authorization: Bearer <key>` on the /v1 routes when keys are configured."""
+"""API keys: `Authorization: Bearer <key>` on everything but /health, /metrics and the UI.
+
+Checked in ASGI middleware, before a byte of the body is read or parsed: a client without
+a key learns nothing but that it needs one (not whether its JSON was valid).
+"""
 
 from __future__ import annotations
 
+import json
 import secrets
+from collections.abc import Collection
 
-from fastapi import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llama_srb.api.errors import APIError
+from llama_srb.api.errors import error_body
 from llama_srb.config import Settings
+
+_UNAUTHORIZED = "missing or wrong API key: send `Authorization: Bearer <key>`"
 
 
 class ApiKeys:
@@ -28,15 +36,29 @@ class ApiKeys:
             matched |= secrets.compare_digest(supplied, key)
         return matched
 
-    def check(self, http: Request) -> None:
-        """Raise a 401 in OpenAI's error shape unless the request carries an accepted key."""
-        if not self._keys:
+    def authorized(self, scope: Scope) -> bool:
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, token = header.partition(b" ")
+        return scheme.lower() == b"bearer" and self.accepts(token.strip())
+
+
+class RequireKey:
+    """401 in OpenAI's error shape for any path outside `open_paths` without a valid key."""
+
+    def __init__(self, app: ASGIApp, keys: ApiKeys, open_paths: Collection[str]) -> None:
+        self.app = app
+        self.keys = keys
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] in self.open_paths
+            or self.keys.authorized(scope)
+        ):
+            await self.app(scope, receive, send)
             return
-        scheme, _, token = http.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not self.accepts(token.strip().encode()):
-            raise APIError(
-                401,
-                "missing or wrong API key: send `Authorization: Bearer <key>`",
-                code="invalid_api_key",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
+        body = json.dumps(error_body(401, _UNAUTHORIZED, code="invalid_api_key")).encode()
+        headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

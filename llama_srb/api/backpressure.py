@@ -14,11 +14,19 @@ from llama_srb.engine.runtime import Runtime
 RETRY_AFTER_S = 1
 
 
-def refuse_if_full(runtime: Runtime, max_queue: int) -> None:
+def refuse_if_full(runtime: Runtime, max_queue: int, incoming: int = 1) -> None:
+    """`incoming`: the engine requests this call will submit (one per prompt of a list)."""
     if runtime.closing:
         raise APIError(503, "the server is shutting down", code="server_shutting_down")
+    if incoming > max_queue:
+        raise APIError(
+            400,
+            f"this request carries {incoming} prompts, but at most {max_queue} requests may"
+            " wait on this server (--max-queue): send fewer prompts per request",
+            param="prompt",
+        )
     waiting = runtime.waiting
-    if waiting >= max_queue:
+    if waiting + incoming > max_queue:
         raise APIError(
             429,
             f"the server is busy: {waiting} requests are already waiting (queue limit"

@@ -15,18 +15,25 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from llama_srb.api.protocol import SamplingFields
 from llama_srb.engine.native import Model
+from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
 from llama_srb.sampling.params import ParamError, SamplingParams
 
 MAX_BIAS = 100.0  # OpenAI's range: ±100, where -100 bans a token and 100 all but forces it
+# Each branch's chain holds a copy; more entries than this is a vocabulary dump, not a bias.
+MAX_BIAS_ENTRIES = 4096
 
 
-def request_params(body: SamplingFields, model: Model, **overrides: Any) -> SamplingParams:
+def request_params(
+    body: SamplingFields, model: Model, n_ctx: int, **overrides: Any
+) -> SamplingParams:
     """The request's SamplingParams, its constraints included; ParamError when invalid."""
-    return body.sampling_params(
+    params = body.sampling_params(
         logit_bias=logit_bias(body.logit_bias, model.n_vocab),
         grammar=grammar_for(body),
         **overrides,
     )
+    params.check_model_limits(model.n_vocab, n_ctx)
+    return params
 
 
 def grammar_for(body: SamplingFields) -> str | None:
@@ -67,8 +74,13 @@ def _json_format(body: SamplingFields) -> dict[str, Any] | None:
     return fmt.json_schema.schema_
 
 
+# Schema keywords the converter expands into one nested grammar rule per item.
+_REPEATING_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
+
+
 def schema_grammar(schema: dict[str, Any], param: str) -> str:
     """A JSON schema as GBNF; ParamError with the converter's reason when it cannot be."""
+    _check_repetitions(schema, param)
     try:
         return json_schema_to_gbnf(json.dumps(schema))
     except Exception as exc:  # the converter asserts; any failure means an unusable schema
@@ -76,11 +88,34 @@ def schema_grammar(schema: dict[str, Any], param: str) -> str:
         raise ParamError(param, f"the JSON schema cannot be used: {reason}") from None
 
 
+def _check_repetitions(schema: object, param: str) -> None:
+    """ParamError when a keyword asks for more items than a grammar may repeat."""
+    stack = [schema]
+    while stack:  # not recursive: the nesting is the client's choice
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in _REPEATING_KEYWORDS:
+                value = node.get(key)
+                if isinstance(value, int) and value > MAX_GRAMMAR_REPEAT:
+                    raise ParamError(
+                        param,
+                        f"`{key}: {value}` in the JSON schema is too large: at most"
+                        f" {MAX_GRAMMAR_REPEAT}",
+                    )
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 def logit_bias(raw: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
     """`{"token id": bias}` as (id, bias) pairs, checked: an id out of range would crash
     llama.cpp, and a bias outside ±100 is what OpenAI refuses too."""
     if not raw:
         return ()
+    if len(raw) > MAX_BIAS_ENTRIES:
+        raise ParamError(
+            "logit_bias", f"logit_bias has {len(raw)} entries; at most {MAX_BIAS_ENTRIES}"
+        )
     pairs: list[tuple[int, float]] = []
     for key, bias in raw.items():
         try:

@@ -66,14 +66,16 @@ def interrupted_error(exc: Interrupted) -> APIError:
 
 def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
+    kind = first.get("type")
+    if kind == "json_invalid":
         return "the request body is not valid JSON", None
+    if kind == "lone_surrogate":  # protocol.RequestBody: the message names the field
+        return str(first.get("msg")), first.get("ctx", {}).get("where")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if not loc:
         return "the request body must be a JSON object (send Content-Type: application/json)", None
-    param = ".".join(loc) or None
-    where = f"`{param}`: " if param else ""
-    return f"{where}{first.get('msg', 'invalid value')}", param
+    param = ".".join(loc)
+    return f"`{param}`: {first.get('msg', 'invalid value')}", param
 
 
 def install_error_handlers(app: FastAPI) -> None:

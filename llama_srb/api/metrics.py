@@ -14,7 +14,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from llama_srb.engine.engine import Engine
+from llama_srb.engine.engine import EngineSnapshot
 from llama_srb.engine.histogram import Histogram as EngineHistogram
 
 # Seconds from arrival to the first token, queueing and prefill included.
@@ -62,15 +62,16 @@ def _histogram(name: str, doc: str, hist: EngineHistogram) -> HistogramMetricFam
 
 
 class EngineCollector(Collector):
-    def __init__(self, engine: Callable[[], Engine | None]) -> None:
-        self._engine = engine
+    """Reads the snapshot the engine thread publishes after each step, never live state."""
+
+    def __init__(self, snapshot: Callable[[], EngineSnapshot | None]) -> None:
+        self._snapshot = snapshot
 
     def collect(self) -> Iterator[Metric]:
-        engine = self._engine()
-        if engine is None:
+        snap = self._snapshot()
+        if snap is None:
             return
-        stats, scheduler = engine.stats, engine.scheduler
-        running = list(scheduler.running)
+        stats = snap.stats
         yield CounterMetricFamily(
             "llama_srb_prompt_tokens_evaluated",
             "Prompt tokens run through llama_decode",
@@ -93,32 +94,22 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "llama_srb_decode_seconds", "Time spent in llama_decode", value=stats.decode_seconds
         )
-        yield GaugeMetricFamily(
-            "llama_srb_requests_running", "Admitted requests", value=len(running)
+        gauges = (
+            ("llama_srb_requests_running", "Admitted requests", snap.requests_running),
+            ("llama_srb_requests_waiting", "Queued requests", snap.requests_waiting),
+            ("llama_srb_sequences_running", "Live sequences", snap.sequences_running),
+            ("llama_srb_kv_cells_reserved", "KV cells promised", snap.kv_cells_reserved),
+            (
+                "llama_srb_kv_cells_used",
+                "KV cells reserved by live requests or held by the prefix cache",
+                snap.kv_cells_used,
+            ),
+            (
+                "llama_srb_kv_cells_cached",
+                "KV cells held by finished sequences in the prefix cache",
+                snap.kv_cells_cached,
+            ),
+            ("llama_srb_kv_cells_total", "KV cells", snap.kv_cells_total),
         )
-        yield GaugeMetricFamily(
-            "llama_srb_requests_waiting", "Queued requests", value=len(scheduler.waiting)
-        )
-        yield GaugeMetricFamily(
-            "llama_srb_sequences_running",
-            "Live sequences",
-            value=sum(len(r.live) for r in running),
-        )
-        yield GaugeMetricFamily(
-            "llama_srb_kv_cells_reserved",
-            "KV cells promised",
-            value=scheduler.budget.cells_reserved,
-        )
-        yield GaugeMetricFamily(
-            "llama_srb_kv_cells_used",
-            "KV cells reserved by live requests or held by the prefix cache",
-            value=scheduler.budget.cells_used,
-        )
-        yield GaugeMetricFamily(
-            "llama_srb_kv_cells_cached",
-            "KV cells held by finished sequences in the prefix cache",
-            value=scheduler.budget.cache.cells(),
-        )
-        yield GaugeMetricFamily(
-            "llama_srb_kv_cells_total", "KV cells", value=scheduler.budget.n_cells
-        )
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(name, doc, value=value)

@@ -1,4 +1,4 @@
-"""ASGI middleware: request counting by route and status, body size limit, CORS.
+"""ASGI middleware: request counting by route and status, API keys, body size limit, CORS.
 
 Pure ASGI (no BaseHTTPMiddleware), so streaming responses and client disconnects pass
 through untouched.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,15 +16,22 @@ from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from llama_srb.api.auth import ApiKeys, RequireKey
 from llama_srb.api.errors import error_body
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.config import Settings
 
 
-def install_middleware(app: FastAPI, settings: Settings, metrics: ServerMetrics) -> None:
-    """Added innermost first; counting is outermost, so 413s and preflights are counted."""
+def install_middleware(
+    app: FastAPI, settings: Settings, metrics: ServerMetrics, open_paths: Collection[str]
+) -> None:
+    """Added innermost first; counting is outermost, so 401s, 413s and preflights are
+    counted; CORS wraps the key check, so browsers see its 401s and preflights pass."""
     app.add_exception_handler(BodyTooLarge, _body_too_large)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    keys = ApiKeys(settings)
+    if keys.required:
+        app.add_middleware(RequireKey, keys=keys, open_paths=open_paths)
     if settings.cors_origins:  # none configured: no CORS headers, browsers allow same origin
         app.add_middleware(
             CORSMiddleware,

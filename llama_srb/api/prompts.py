@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import cast
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.protocol import SamplingFields
-from llama_srb.api.serving import prepare
-from llama_srb.api.state import AppState
+from llama_srb.api.serving import build, discard
+from llama_srb.engine.loader import LoadedEngine
 from llama_srb.engine.native import Model
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request as EngineRequest
@@ -60,9 +59,16 @@ def _token_prompt(tokens: list[int], model: Model) -> Prompt:
     return Prompt(tokens, text)
 
 
-def prepare_all(
-    state: AppState,
-    body: SamplingFields,
+def count_prompts(raw: RawPrompt) -> int:
+    """How many engine requests a `prompt` field makes, read from its shape alone."""
+    if isinstance(raw, str) or all(isinstance(t, int) for t in raw):
+        return 1
+    return len(raw)
+
+
+def build_all(
+    loaded: LoadedEngine,
+    n: int,
     prompts: Sequence[Prompt],
     params: SamplingParams,
     prefix: str,
@@ -72,19 +78,11 @@ def prepare_all(
     requests: list[EngineRequest] = []
     try:
         for prompt in prompts:
-            requests.append(prepare(state, body, prompt.tokens, params, prefix, prompt_logprobs))
+            requests.append(build(loaded, n, prompt.tokens, params, prefix, prompt_logprobs))
     except BaseException:
-        for request in requests:
-            discard(request)
+        discard(requests)
         raise
     return requests
-
-
-def discard(request: EngineRequest) -> None:
-    """Free the native samplers of a request that was built but will never be submitted."""
-    for seq in request.sequences:
-        if seq.sampler is not None:
-            seq.sampler.close()
 
 
 async def merge(

@@ -1,4 +1,4 @@
-"""What every generation route shares: checks, building the engine request, disconnects."""
+"""What every generation route shares: checks, building engine requests, disconnects."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from llama_srb.api.request_log import RequestLog
 from llama_srb.api.state import AppState
 from llama_srb.engine.engine import build_request
 from llama_srb.engine.generation import Interrupted
+from llama_srb.engine.loader import LoadedEngine
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.sampling.params import SamplingParams
@@ -24,16 +25,10 @@ from llama_srb.sampling.params import SamplingParams
 T = TypeVar("T")
 
 
-def prepare(
-    state: AppState,
-    body: SamplingFields,
-    prompt: list[int],
-    params: SamplingParams,
-    prefix: str,
-    prompt_logprobs: bool = False,
-) -> EngineRequest:
-    """Validate a generation against the server's limits and build its engine request."""
-    settings, engine = state.settings, state.ready()
+def check_request(state: AppState, body: SamplingFields, n_prompts: int) -> LoadedEngine:
+    """The cheap checks, on the event loop before anything is built: the model name, `n`,
+    and room in the queue for all `n_prompts` prompts of the request at once."""
+    settings, loaded = state.settings, state.ready()
     if body.model and body.model != settings.model_name:
         raise APIError(
             404,
@@ -43,21 +38,41 @@ def prepare(
         )
     if not 1 <= body.n <= settings.max_n:
         raise APIError(400, f"n must be between 1 and {settings.max_n}, got {body.n}", param="n")
+    refuse_if_full(loaded.runtime, settings.max_queue, n_prompts)  # valid, no room: 429 / 503
+    return loaded
+
+
+def build(
+    loaded: LoadedEngine,
+    n: int,
+    prompt: list[int],
+    params: SamplingParams,
+    prefix: str,
+    prompt_logprobs: bool = False,
+) -> EngineRequest:
+    """The engine request for one prompt, its sampler chains built (a worker thread's job)."""
     if not prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
-    needed = len(prompt) + body.n * params.max_tokens
-    if needed > engine.n_ctx:
+    needed = len(prompt) + n * params.max_tokens
+    if needed > loaded.n_ctx:
         raise APIError(
             400,
             f"this request needs {needed} tokens of context ({len(prompt)} in the prompt + "
-            f"n={body.n} × max_tokens={params.max_tokens}) but the server has {engine.n_ctx}; "
+            f"n={n} × max_tokens={params.max_tokens}) but the server has {loaded.n_ctx}; "
             "shorten the prompt or lower n or max_tokens",
             param="max_tokens",
             code="context_length_exceeded",
         )
-    refuse_if_full(engine.runtime, settings.max_queue)  # valid but no room: 429 / 503
     request_id = f"{prefix}-{uuid.uuid4().hex}"
-    return build_request(engine.model, request_id, prompt, params, body.n, prompt_logprobs)
+    return build_request(loaded.model, request_id, prompt, params, n, prompt_logprobs)
+
+
+def discard(requests: list[EngineRequest]) -> None:
+    """Free the native samplers of requests that were built but will never be submitted."""
+    for request in requests:
+        for seq in request.sequences:
+            if seq.sampler is not None:
+                seq.sampler.close()
 
 
 def generate(state: AppState, request: EngineRequest) -> AsyncIterator[RequestOutput]:
@@ -102,6 +117,7 @@ async def until_disconnect(http: Request, work: Awaitable[T]) -> T:
         watcher.cancel()
         if not task.done():
             task.cancel()
+            await asyncio.wait({task})  # let it unwind (aborting its request) before reading it
     if task.cancelled():
         raise APIError(499, "the client disconnected")
     return task.result()

@@ -30,6 +30,10 @@ class GracefulServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
 
+    async def on_tick(self, counter: int) -> bool:
+        # The engine thread died: nothing can be served, so exit (non-zero, see `serve`).
+        return self.state.engine_failure is not None or await super().on_tick(counter)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         # Drain alongside uvicorn's wait for open connections, so that wait ends on time.
         drain = asyncio.create_task(self.state.drain())
@@ -42,9 +46,12 @@ def _exit_quietly(_signum: int, _frame: FrameType | None) -> None:
 
 
 def serve(config: uvicorn.Config, state: AppState) -> None:
-    """Run until SIGTERM or SIGINT, shutting down gracefully; returns normally."""
+    """Run until SIGTERM or SIGINT, shutting down gracefully; returns normally. Exits
+    with an error if the engine thread died."""
     # uvicorn restores the previous handler and re-raises the signal after its graceful
     # shutdown: make that a clean exit instead of death by signal.
     signal.signal(signal.SIGTERM, _exit_quietly)
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT is re-raised the same way
         GracefulServer(config, state).run()
+    if state.engine_failure is not None:
+        sys.exit(f"llama-srb: {state.engine_failure}")

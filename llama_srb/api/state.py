@@ -9,10 +9,13 @@ from dataclasses import dataclass, field
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.metrics import ServerMetrics
+from llama_srb.api.workers import Workers
 from llama_srb.config import Settings
 from llama_srb.engine.loader import LoadedEngine, load_engine
 
 log = logging.getLogger(__name__)
+
+PREPARE_WORKERS = 2  # requests prepared at once; each job is short or bounded by limits
 
 
 @dataclass
@@ -23,20 +26,37 @@ class AppState:
     load_error: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     draining: bool = False  # SIGTERM received: finishing what runs, taking nothing new
+    engine_failure: str | None = None  # the engine thread died: the server must exit
+    # Request preparation (tokenize, grammar, sampler chains) runs here, off the loop.
+    workers: Workers = field(default_factory=lambda: Workers(PREPARE_WORKERS))
 
     def ready(self) -> LoadedEngine:
-        """The loaded engine, or a 503 that says why there is none yet."""
+        """The loaded engine, or a 503 that says why there is none."""
+        if self.engine_failure is not None:
+            raise APIError(503, self.engine_failure, code="engine_failed")
         if self.loaded is None:
             detail = f": {self.load_error}" if self.load_error else ", try again shortly"
             raise APIError(503, f"the model is not loaded{detail}", code="model_loading")
         return self.loaded
 
     async def load(self) -> None:
+        loop = asyncio.get_running_loop()
+
+        def on_death(reason: str) -> None:  # on the dying engine thread
+            loop.call_soon_threadsafe(self._engine_died, reason)
+
         try:
-            self.loaded = await asyncio.to_thread(load_engine, self.settings)
+            self.loaded = await asyncio.to_thread(load_engine, self.settings, on_death)
         except Exception as exc:  # reported by /health and every route, not a crash
             log.exception("model load failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
+
+    def _engine_died(self, reason: str) -> None:
+        """Everyone waiting hears it now, /health turns 503, and the server exits
+        non-zero (api/shutdown.py) so that a supervisor starts a fresh one."""
+        self.engine_failure = reason
+        if self.loaded is not None:
+            self.loaded.runtime.fail_flights(reason)
 
     async def drain(self) -> None:
         """Stop taking requests; give running ones --shutdown-grace seconds to finish."""
@@ -48,3 +68,4 @@ class AppState:
         if self.loaded is not None:
             await self.drain()  # a no-op when the server already drained on SIGTERM
             await asyncio.to_thread(self.loaded.close)
+        self.workers.close()

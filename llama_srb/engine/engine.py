@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -17,7 +17,8 @@ from llama_srb.engine.native import Batch, Context, DecodeError, Model
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
-from llama_srb.sampling.chain import build_chain
+from llama_srb.sampling.chain import build_chains
+from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
 from llama_srb.sampling.logprobs import RowScores, score_token
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
@@ -30,10 +31,25 @@ class EngineStats:
     steps: int = 0
     prompt_tokens_evaluated: int = 0  # prompt tokens actually run through llama_decode
     generated_tokens: int = 0
-    requests_finished: int = 0
     decode_seconds: float = 0.0
     prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
     decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's counters and gauges as of its last step. The engine thread publishes a
+    new one after every step; other threads (/metrics) read only these, never the live
+    bookkeeping, which the engine thread changes (and memoizes) as it goes."""
+
+    stats: EngineStats = field(default_factory=EngineStats)
+    requests_running: int = 0
+    requests_waiting: int = 0
+    sequences_running: int = 0
+    kv_cells_reserved: int = 0
+    kv_cells_used: int = 0
+    kv_cells_cached: int = 0
+    kv_cells_total: int = 0
 
 
 class Engine:
@@ -43,6 +59,7 @@ class Engine:
         self.scheduler = Scheduler(budget, ctx.n_batch)
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
+        self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
         self._eog = np.array(model.eog_tokens, dtype=np.int64)
         self._eog_set = frozenset(model.eog_tokens)  # per-token check without a C call
 
@@ -54,7 +71,7 @@ class Engine:
     def add(self, request: Request) -> None:
         if not self.scheduler.budget.fits_ever(request):
             # The API refuses these up front; this guards direct engine users.
-            self._fail(request, f"needs {request.cells_needed} KV cells, {self.ctx.n_ctx} exist")
+            self.fail(request, f"needs {request.cells_needed} KV cells, {self.ctx.n_ctx} exist")
             return
         self.scheduler.add(request)
 
@@ -68,16 +85,30 @@ class Engine:
     def step(self) -> bool:
         """Run one decode step; False when there was nothing to do."""
         plan = self.scheduler.schedule()
-        if plan.empty:
-            return False
-        try:
-            self._decode(plan)
-        except DecodeError as exc:
-            for request in {id(r): r for r in self._requests_in(plan)}.values():
-                self._fail(request, str(exc))
-            return True
-        self._sample(plan)
-        return True
+        if not plan.empty:
+            try:
+                self._decode(plan)
+            except DecodeError as exc:
+                for request in {id(r): r for r in self._requests_in(plan)}.values():
+                    self.fail(request, str(exc))
+            else:
+                self._sample(plan)
+        self.publish_snapshot()
+        return not plan.empty
+
+    def publish_snapshot(self) -> None:
+        """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
+        scheduler, budget = self.scheduler, self.scheduler.budget
+        self.snapshot = EngineSnapshot(
+            stats=replace(self.stats, decode_step_seconds=self.stats.decode_step_seconds.copy()),
+            requests_running=len(scheduler.running),
+            requests_waiting=len(scheduler.waiting),
+            sequences_running=budget.live,
+            kv_cells_reserved=budget.cells_reserved,
+            kv_cells_used=budget.cells_used,
+            kv_cells_cached=budget.cache.cells(),
+            kv_cells_total=budget.n_cells,
+        )
 
     def _decode(self, plan: StepPlan) -> None:
         self._apply(plan.kv_ops)
@@ -168,6 +199,8 @@ class Engine:
             self.ctx.logits(seq.batch_index)[self._eog] = -np.inf
         assert seq.sampler is not None and seq.decoder is not None
         token = seq.sampler.sample(self.ctx.ptr, seq.batch_index)
+        if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
+            return self._end_sequence(request, seq, FinishReason.STOP)
         self.stats.generated_tokens += 1
         if token in self._eog_set:
             return self._end_sequence(request, seq, FinishReason.STOP)
@@ -203,7 +236,6 @@ class Engine:
         if finished:
             self._apply(self.scheduler.remove(request))
             request.status = RequestStatus.FINISHED
-            self.stats.requests_finished += 1
         request.sink(self._output(request, choices, finished))
 
     def _end(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
@@ -229,9 +261,9 @@ class Engine:
     def fail_all(self, message: str) -> None:
         """After an unexpected engine error: end everything in flight, keep serving."""
         for request in [*self.scheduler.running, *self.scheduler.waiting]:
-            self._fail(request, message)
+            self.fail(request, message)
 
-    def _fail(self, request: Request, message: str) -> None:
+    def fail(self, request: Request, message: str) -> None:
         self._end(request, FinishReason.ERROR, message)
 
     def _tracked(self, request: Request) -> bool:
@@ -287,21 +319,11 @@ def build_request(
     Safe to call off the engine thread: it only reads the model's vocabulary.
     """
     base_seed = params.seed if params.seed is not None else random.getrandbits(32)
-    sequences: list[Sequence] = []
-    try:
-        for index in range(n):
-            sequences.append(
-                Sequence(
-                    index=index,
-                    sampler=build_chain(model, params, base_seed + index),
-                    decoder=TextStream(model.piece, params.stop),
-                )
-            )
-    except BaseException:
-        for seq in sequences:
-            if seq.sampler is not None:
-                seq.sampler.close()
-        raise
+    samplers = build_chains(model, params, [base_seed + index for index in range(n)])
+    sequences = [
+        Sequence(index=index, sampler=sampler, decoder=TextStream(model.piece, params.stop))
+        for index, sampler in enumerate(samplers)
+    ]
     request = Request(request_id, prompt, params, sequences)
     request.prompt_logprobs = prompt_logprobs
     return request

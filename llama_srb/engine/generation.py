@@ -29,6 +29,10 @@ class ShuttingDown(Interrupted):
     code = "server_shutting_down"
 
 
+class EngineDied(Interrupted):
+    code = "engine_failed"
+
+
 @dataclass(eq=False)
 class Flight:
     """A submitted request and the queue its outputs arrive on (event-loop thread only)."""

@@ -16,8 +16,7 @@ STEP_BUCKETS: tuple[float, ...] = (
 class Histogram:
     """Counts per bucket (the last one is +Inf) and the sum of observed values.
 
-    Written by one thread (the engine's) and read at scrape time by another: each field is
-    a plain int or float, so a reader sees at worst a step that is half counted.
+    Written by the engine thread only; other threads read copies it publishes.
     """
 
     bounds: tuple[float, ...] = STEP_BUCKETS
@@ -25,7 +24,11 @@ class Histogram:
     total: float = 0.0
 
     def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def copy(self) -> Histogram:
+        return Histogram(self.bounds, list(self.counts), self.total)
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1  # first bound >= value: `le`

@@ -7,14 +7,38 @@ The unified KV cache stores a cell once however many sequences share it: `seq_cp
 tags existing cells with another sequence id. So a finished branch can stay behind as a
 *cached path* (its own seq id, its cells untouched) from which a later prompt that starts
 with the same tokens forks for free.
+
+The policy (its numbers are in the README, "Prefix cache"):
+- Every cell that running requests do not need may hold cached paths: an idle cell costs
+  a decode step far less than re-reading a story costs. A running request always wins:
+  admission evicts the least recently used paths until it fits.
+- A request forks from the cache only when the shared prefix is worth it
+  (`MIN_SHARED_TOKENS`): a match on the BOS token alone would pin a long path for nothing.
+- A request's finished branches keep their cells (and their reservation) until the whole
+  request ends; then they are parked together. So the counts stay exact, and parking never
+  evicts what it parks.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from llama_srb.engine.sequence import Request
+
+# Shorter shared prefixes are computed again rather than forked: they save a few ms of
+# prefill, and forking would pin the whole cached path for as long as the request runs.
+MIN_SHARED_TOKENS = 32
+
+Tokens = npt.NDArray[np.int32]
+
+
+def as_tokens(tokens: Sequence[int]) -> Tokens:
+    return np.asarray(tokens, dtype=np.int32)
 
 
 @dataclass(frozen=True)
@@ -36,8 +60,13 @@ class KvOp:
         return self.src < 0
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix; slice compares run in C."""
+def common_prefix(a: Sequence[int] | Tokens, b: Sequence[int] | Tokens) -> int:
+    """Length of the longest common prefix. Token arrays compare in one numpy pass; lists
+    by a binary search over slice compares (both run in C)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        m = min(len(a), len(b))
+        mismatches = np.flatnonzero(a[:m] != b[:m])
+        return int(mismatches[0]) if mismatches.size else m
     lo, hi = 0, min(len(a), len(b))
     if a[:hi] == b[:hi]:
         return hi
@@ -55,77 +84,98 @@ class CachedPath:
     """A token path whose KV cells (positions 0..len-1) a parked seq id keeps alive."""
 
     seq_id: int
-    tokens: list[int]
+    tokens: Tokens
     last_used: int
     pins: int = 0  # live requests that forked from it and counted on its cells
+    # Common prefix length with every other cached path, by seq id: computed once, at park.
+    shared: dict[int, int] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def own_cells(self) -> int:
+        """Cells no other cached path shares: what evicting this path frees."""
+        return len(self) - max(self.shared.values(), default=0)
 
 
 @dataclass
 class PrefixCache:
-    """Cached token paths with LRU eviction, bounded in cells (`max_cells`; 0 disables it).
+    """Cached token paths with LRU eviction. `max_idle_cells` bounds the cells that only
+    unpinned paths hold (0 disables the cache); the budget bounds all of them.
 
     Invariant: any two paths share their KV cells over their whole common token prefix
     (a new path is re-pointed at the cells of its best match when it is parked). So the
-    cells held by the cache are the distinct prefixes of its paths, computed exactly.
+    cells held by a set of paths are the distinct prefixes of their tokens (the size of
+    their trie), counted exactly from the pairwise common prefixes.
     """
 
-    max_cells: int
+    max_idle_cells: int
     paths: list[CachedPath] = field(default_factory=list)
+    generation: int = 0  # changes whenever the set of paths does (a key for memoized matches)
     _clock: itertools.count[int] = field(default_factory=itertools.count)
-    _all_cells: int | None = None  # cells() of all paths, until the paths change
+    _cells: int = 0  # distinct cells of all paths, kept up to date as paths come and go
 
     @property
     def enabled(self) -> bool:
-        return self.max_cells > 0
+        return self.max_idle_cells > 0
 
-    def cells(self, paths: list[CachedPath] | None = None) -> int:
-        """Distinct cells of `paths` (default: all, memoized: admission asks every step
-        while a request waits): sum of lengths minus sum of LCPs of sorted neighbours."""
-        if paths is None and self._all_cells is not None:
-            return self._all_cells
-        ordered = sorted(p.tokens for p in (self.paths if paths is None else paths))
-        shared = sum(common_prefix(a, b) for a, b in itertools.pairwise(ordered))
-        total = sum(len(t) for t in ordered) - shared
-        if paths is None:
-            self._all_cells = total
+    def cells(self) -> int:
+        return self._cells
+
+    @staticmethod
+    def cells_of(paths: Sequence[CachedPath]) -> int:
+        """Distinct cells of `paths`: each adds what it does not share with those before."""
+        total = 0
+        for i, path in enumerate(paths):
+            total += len(path) - max((path.shared[p.seq_id] for p in paths[:i]), default=0)
         return total
 
     def pinned_cells(self, extra: CachedPath | None = None) -> int:
-        pinned = [p for p in self.paths if p.pins or p is extra]
-        return self.cells(pinned)
+        """Cells that running requests count on (and `extra`'s, about to be pinned)."""
+        return self.cells_of([p for p in self.paths if p.pins or p is extra])
 
-    def longest(self, tokens: list[int]) -> tuple[CachedPath | None, int]:
+    def idle_cells(self) -> int:
+        """Cells that only unpinned paths hold: what evicting all of them would free."""
+        return self._cells - self.pinned_cells()
+
+    def longest(self, tokens: Tokens) -> tuple[CachedPath | None, int]:
+        """The path sharing the longest prefix with `tokens`; of equal ones, the shortest
+        (pinning it holds the fewest cells)."""
         best, best_len = None, 0
         for path in self.paths:
             n = common_prefix(tokens, path.tokens)
-            if n > best_len:
+            if n > best_len or (n == best_len and best is not None and len(path) < len(best)):
                 best, best_len = path, n
         return best, best_len
 
     def touch(self, path: CachedPath) -> None:
         path.last_used = next(self._clock)
 
-    def park(self, seq_id: int, tokens: list[int]) -> tuple[list[KvOp], list[int]]:
+    def park(self, seq_id: int, tokens: Sequence[int]) -> tuple[list[KvOp], list[int]]:
         """Keep a finished sequence's cells as a cached path (its id now belongs to the
         cache). Returns the ops that re-point its shared prefix at existing cells, and the
         ids of paths it made redundant (their cells are removed by the ops)."""
-        best, shared = self.longest(tokens)
-        if best is not None and shared == len(tokens):  # nothing new: keep the old path
+        array = as_tokens(tokens)
+        shared = {p.seq_id: common_prefix(array, p.tokens) for p in self.paths}
+        best = max(self.paths, key=lambda p: shared[p.seq_id], default=None)
+        best_len = shared[best.seq_id] if best is not None else 0
+        if best is not None and best_len == len(array):  # nothing new: keep the old path
             self.touch(best)
             return [KvOp.remove(seq_id)], [seq_id]
+        if len(array) > self.max_idle_cells:  # could never stay: do not evict others for it
+            return [KvOp.remove(seq_id)], [seq_id]
         ops: list[KvOp] = []
-        if best is not None and shared > 0:
+        if best is not None and best_len > 0:
             # Same tokens, maybe different cells (computed separately): share the best's.
-            ops += [KvOp.remove(seq_id, 0, shared), KvOp(best.seq_id, seq_id, 0, shared)]
-        dropped = [
-            p for p in self.paths if not p.pins and common_prefix(p.tokens, tokens) == len(p.tokens)
-        ]
-        for path in dropped:  # a prefix of the new path: fully covered by it
+            ops += [KvOp.remove(seq_id, 0, best_len), KvOp(best.seq_id, seq_id, 0, best_len)]
+        covered = [p for p in self.paths if not p.pins and shared[p.seq_id] == len(p)]
+        for path in covered:  # a prefix of the new path: fully covered by it
             ops.append(KvOp.remove(path.seq_id))
-            self.paths.remove(path)
-        self.paths.append(CachedPath(seq_id, tokens, next(self._clock)))
-        self._all_cells = None
-        return ops, [p.seq_id for p in dropped]
+            self._remove(path)
+            del shared[path.seq_id]
+        self._add(CachedPath(seq_id, array, next(self._clock), shared=shared))
+        return ops, [p.seq_id for p in covered]
 
     def evict_lru(self) -> int | None:
         """Drop the least recently used unpinned path; returns its seq id to clear."""
@@ -133,9 +183,22 @@ class PrefixCache:
         if not candidates:
             return None
         victim = min(candidates, key=lambda p: p.last_used)
-        self.paths.remove(victim)
-        self._all_cells = None
+        self._remove(victim)
         return victim.seq_id
+
+    def _add(self, path: CachedPath) -> None:
+        for other in self.paths:
+            other.shared[path.seq_id] = path.shared[other.seq_id]
+        self._cells += path.own_cells
+        self.paths.append(path)
+        self.generation += 1
+
+    def _remove(self, path: CachedPath) -> None:
+        self._cells -= path.own_cells
+        self.paths.remove(path)
+        for other in self.paths:
+            del other.shared[path.seq_id]
+        self.generation += 1
 
 
 class KvBudget:
@@ -143,9 +206,9 @@ class KvBudget:
 
     A request reserves the prompt cells it must compute (its prompt minus the prefix it
     forks from a cached path, which stays pinned while it runs) plus `max_tokens` cells
-    per branch. A finished branch returns its reservation and, with the cache on, parks
-    its cells as a cached path. A running request always wins: admission evicts cached
-    paths (least recently used first) until it fits.
+    per branch, until it ends. Then, with the cache on, its branches' cells are parked as
+    cached paths. A running request always wins: admission evicts cached paths (least
+    recently used first) until it fits.
     """
 
     def __init__(self, max_live: int, n_cells: int, cache_paths: int = 0, cache_cells: int = 0):
@@ -156,6 +219,10 @@ class KvBudget:
         self._free_ids = list(range(self.n_seq - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self.live = 0  # live sequences
         self.cells_reserved = 0
+        # Finished branches of running requests, (seq id, tokens its cells hold): parked
+        # when their request ends, so that its reservation still counts their cells.
+        self._finished: dict[Request, list[tuple[int, list[int]]]] = {}
+        self._last_match: tuple[Request, int, CachedPath | None, int] | None = None
 
     @property
     def free_ids(self) -> int:
@@ -170,17 +237,26 @@ class KvBudget:
 
     def match(self, request: Request) -> tuple[CachedPath | None, int]:
         """The cached path to fork from and how many prompt tokens it provides (at most
-        all but the last: that one is decoded again to give the first logits)."""
+        all but the last: that one is decoded again to give the first logits). Memoized
+        until the cache changes: admission asks every step while a request waits."""
         if not self.cache.enabled or request.prompt_logprobs:  # echo+logprobs: score it all
             return None, 0
-        path, shared = self.cache.longest(request.prompt)
-        return path, min(shared, request.prompt_len - 1)
+        memo = self._last_match
+        if memo is not None and memo[0] is request and memo[1] == self.cache.generation:
+            return memo[2], memo[3]
+        path, shared = self.cache.longest(as_tokens(request.prompt))
+        shared = min(shared, request.prompt_len - 1)
+        if shared < MIN_SHARED_TOKENS:
+            path, shared = None, 0
+        self._last_match = (request, self.cache.generation, path, shared)
+        return path, shared
 
     def can_admit(self, request: Request) -> bool:
         source, shared = self.match(request)
+        evictable = sum(1 for p in self.cache.paths if not p.pins and p is not source)
         return (
             self.live + request.n <= self.max_live
-            and request.n <= self.free_ids + sum(1 for p in self.cache.paths if not p.pins)
+            and request.n <= self.free_ids + evictable
             and self.cells_reserved
             + request.cells_needed
             - shared
@@ -192,57 +268,63 @@ class KvBudget:
         """Reserve ids and cells, fork from the best cached path; returns the native ops."""
         assert self.can_admit(request)
         source, shared = self.match(request)
-        ops: list[KvOp] = []
-        if source is not None and shared > 0:
+        if source is not None:
             source.pins += 1
             self.cache.touch(source)
             request.cache_source = source
-        else:
-            shared = 0
         need = request.cells_needed - shared
-        while (
-            self.free_ids < request.n
-            or self.cells_reserved + need + self.cache.cells() > self.n_cells
-        ):
-            victim = self.cache.evict_lru()
-            if victim is None:
-                break
-            ops.append(KvOp.remove(victim))
-            self._free_ids.append(victim)
+        ops = self._evict_until(
+            lambda: (
+                self.free_ids >= request.n
+                and self.cells_reserved + need + self.cache.cells() <= self.n_cells
+            )
+        )
         for seq in request.sequences:
             seq.seq_id = self._free_ids.pop()
         self.live += request.n
         self.cells_reserved += need
         request.cells_reserved_prompt = request.prompt_len - shared
-        if shared:
-            ops.append(KvOp(source.seq_id, request.primary.seq_id, 0, shared))  # type: ignore[union-attr]
+        if source is not None:
+            ops.append(KvOp(source.seq_id, request.primary.seq_id, 0, shared))
             request.n_prefilled = request.n_cached = shared
         return ops
 
     def release_sequence(self, request: Request, seq_id: int, path: list[int] | None) -> list[KvOp]:
         """A branch ended. With `path` (the tokens its cells hold) and the cache on, its
-        cells are parked as a cached path; otherwise they are removed."""
+        cells stay until the request ends, to be parked then; otherwise they go now."""
         self.live -= 1
-        self.cells_reserved -= request.params.max_tokens
         if path and self.cache.enabled:
-            ops, freed = self.cache.park(seq_id, path)
-            self._free_ids.extend(freed)
-            return ops + self._shrink_cache()
+            self._finished.setdefault(request, []).append((seq_id, path))
+            return []
+        self.cells_reserved -= request.params.max_tokens
         self._free_ids.append(seq_id)
         return [KvOp.remove(seq_id)]
 
-    def release_prompt(self, request: Request) -> list[KvOp]:
-        self.cells_reserved -= request.cells_reserved_prompt
-        if request.cache_source is not None:
+    def release_request(self, request: Request) -> list[KvOp]:
+        """The request ended (every branch released): return its cells, park its branches."""
+        if request.cache_source is not None:  # first: a source the new paths cover may go
             request.cache_source.pins -= 1
             request.cache_source = None
-        return self._shrink_cache()
+        finished = self._finished.pop(request, [])
+        self.cells_reserved -= request.cells_reserved_prompt
+        self.cells_reserved -= len(finished) * request.params.max_tokens
+        request.cells_reserved_prompt = 0
+        ops: list[KvOp] = []
+        for seq_id, path in finished:
+            park_ops, freed = self.cache.park(seq_id, path)
+            ops += park_ops
+            self._free_ids.extend(freed)
+        return ops + self._evict_until(
+            lambda: (
+                self.cache.idle_cells() <= self.cache.max_idle_cells
+                and self.cells_used <= self.n_cells
+            )
+        )
 
-    def _shrink_cache(self) -> list[KvOp]:
-        ops = []
-        while self.cache.paths and (
-            self.cache.cells() > self.cache.max_cells or self.cells_used > self.n_cells
-        ):
+    def _evict_until(self, enough: Callable[[], bool]) -> list[KvOp]:
+        """Evict least recently used unpinned paths until `enough()` (or none is left)."""
+        ops: list[KvOp] = []
+        while not enough():
             victim = self.cache.evict_lru()
             if victim is None:
                 break

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import llama_cpp as C
 
-from llama_srb.config import FlashAttn, Settings, SplitMode
+from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, Settings, SplitMode, fit_n_ctx
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
-from llama_srb.engine.native import Context, ContextOptions, Model, ModelOptions
+from llama_srb.engine.native import Context, ContextOptions, Model, ModelOptions, NativeError
 from llama_srb.engine.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -57,32 +59,84 @@ def model_options(settings: Settings) -> ModelOptions:
     )
 
 
-def kv_budget(settings: Settings) -> KvBudget:
+def kv_budget(settings: Settings, n_ctx: int) -> KvBudget:
     return KvBudget(
         settings.max_sequences,
-        settings.n_ctx,
+        n_ctx,
         cache_paths=settings.cache_paths,
-        cache_cells=settings.cache_cells_resolved,
+        cache_cells=settings.cache_cells_for(n_ctx),
     )
 
 
-def context_options(settings: Settings) -> ContextOptions:
+def context_options(settings: Settings, n_ctx: int | None = None) -> ContextOptions:
+    """`n_ctx` defaults to --n-ctx, else MIN_AUTO_N_CTX (for callers without a model)."""
+    n_ctx = n_ctx or settings.n_ctx or MIN_AUTO_N_CTX
     return ContextOptions(
-        n_ctx=settings.n_ctx,
-        n_seq_max=kv_budget(settings).n_seq,
+        n_ctx=n_ctx,
+        n_seq_max=kv_budget(settings, n_ctx).n_seq,
         n_batch=settings.n_batch,
         threads=settings.threads,
         flash_attn=_FLASH[settings.flash_attn],
     )
 
 
-def load_engine(settings: Settings) -> LoadedEngine:
+# -- the context size: --n-ctx, else the model's training context if memory allows --------
+
+
+def available_memory() -> int | None:
+    """Bytes of host memory available now (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def kv_bytes_per_cell(model: Model) -> int:
+    """Bytes one KV cell takes over all layers: K and V in f16 (llama.cpp's default)."""
+    arch = model.metadata("general.architecture") or ""
+    head_dim = C.llama_model_n_embd(model.ptr) // max(1, C.llama_model_n_head(model.ptr))
+
+    def length(key: str) -> int:  # Gemma's heads are wider than n_embd / n_head
+        value = model.metadata(f"{arch}.attention.{key}")
+        return int(value) if value and value.isdigit() else head_dim
+
+    n_layer = C.llama_model_n_layer(model.ptr)
+    n_head_kv = max(1, C.llama_model_n_head_kv(model.ptr))
+    return n_layer * n_head_kv * (length("key_length") + length("value_length")) * 2
+
+
+def open_context(model: Model, settings: Settings) -> Context:
+    """A context of --n-ctx cells, or of the size `fit_n_ctx` chooses. That check sees host
+    memory only; where the KV cache lives on a GPU and does not fit, halve and retry."""
+    if settings.n_ctx is not None:
+        return Context(model, context_options(settings, settings.n_ctx))
+    n_ctx, why = fit_n_ctx(model.n_ctx_train, kv_bytes_per_cell(model), available_memory())
+    log.info("n_ctx=%d: %s", n_ctx, why)
+    while True:
+        try:
+            return Context(model, context_options(settings, n_ctx))
+        except NativeError:
+            if n_ctx <= MIN_AUTO_N_CTX:
+                raise
+            n_ctx = max(MIN_AUTO_N_CTX, n_ctx // 2)
+            log.warning("the context did not fit in memory; trying n_ctx=%d", n_ctx)
+
+
+def load_engine(settings: Settings, on_death: Callable[[str], None] | None = None) -> LoadedEngine:
+    """`on_death` is called (on the engine thread) if the engine thread ever dies."""
     path = settings.resolved_model_path()
     log.info("loading %s", path)
     model = Model(path, model_options(settings))
-    context = Context(model, context_options(settings))
-    engine = Engine(model, context, kv_budget(settings))
-    runtime = Runtime(engine)
+    context = open_context(model, settings)
+    engine = Engine(model, context, kv_budget(settings, context.n_ctx))
+    runtime = Runtime(engine, on_death)
     runtime.start()
     log.info("ready: n_ctx=%d, max_sequences=%d", context.n_ctx, settings.max_sequences)
     return LoadedEngine(model, context, engine, runtime)

@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +21,16 @@ import llama_cpp as C
 import numpy as np
 import numpy.typing as npt
 
+# llama.cpp's GBNF parser and its grammar sampler recurse once per nesting level (and per
+# rule reference): threads that parse or sample grammars get a stack sized for the largest
+# grammar sampling/grammar.py accepts. Address space only: pages are committed as used.
+NATIVE_STACK_BYTES = 64 << 20
+
 _backend_ready = False
 _GGML_LOG_WARN, _GGML_LOG_CONT = 3, 5
 _log_level = [0]  # level of the last message, which continuation pieces inherit
 _stderr_lock = threading.Lock()
+_stack_size_lock = threading.Lock()
 
 
 @C.llama_log_callback
@@ -41,11 +47,12 @@ class Captured:
 
 
 @contextmanager
-def captured_stderr() -> Iterator[Captured]:
+def captured_stderr(echo_chars: int = 300) -> Iterator[Captured]:
     """What is written to stderr during the block: llama.cpp prints why a grammar does not
-    parse there (not through its log callback), and the client should hear it. The fd is
-    process-wide, so the text is also passed on to the real stderr afterwards: another
-    thread's output caught meanwhile is delayed, not lost."""
+    parse there (not through its log callback), and the client should hear it. It also
+    prints the client's whole grammar, so only the first `echo_chars` characters are
+    passed on to the real stderr (the fd is process-wide: another thread's output caught
+    meanwhile is cut short too, never held up)."""
     captured = Captured()
     with _stderr_lock, tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()
@@ -58,10 +65,23 @@ def captured_stderr() -> Iterator[Captured]:
             os.dup2(saved, 2)
             os.close(saved)
             tmp.seek(0)
-            data = tmp.read()
-            if data:
-                os.write(2, data)
-            captured.text = data.decode("utf-8", errors="replace")
+            captured.text = tmp.read().decode("utf-8", errors="replace")
+            if captured.text:
+                cut = len(captured.text) > echo_chars
+                echo = captured.text[:echo_chars].rstrip() + (" […]" if cut else "")
+                os.write(2, (echo + "\n").encode())
+
+
+def native_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """Start a daemon thread with a stack big enough for llama.cpp's recursive code."""
+    with _stack_size_lock:  # the setting is process-wide: one caller at a time
+        previous = threading.stack_size(NATIVE_STACK_BYTES)  # for threads started now
+        try:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    return thread
 
 
 def _init_backend() -> None:

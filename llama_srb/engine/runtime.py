@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable
 
 from llama_srb.engine.engine import Engine
-from llama_srb.engine.generation import Flight, Generation, ShuttingDown
+from llama_srb.engine.generation import EngineDied, Flight, Generation, ShuttingDown
+from llama_srb.engine.native import native_thread
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request, RequestStatus
 
@@ -23,27 +24,29 @@ log = logging.getLogger(__name__)
 
 
 class Runtime:
-    def __init__(self, engine: Engine) -> None:
+    """`on_death(reason)` is called on the engine thread if it ever dies: the server
+    cannot serve without it and should fail its clients at once and exit."""
+
+    def __init__(self, engine: Engine, on_death: Callable[[str], None] | None = None) -> None:
         self.engine = engine
         self._inbox: deque[Callable[[], None]] = deque()
         self._wake = threading.Event()
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="llama-srb-engine", daemon=True)
+        self._on_death = on_death
+        self._thread: threading.Thread | None = None
         # Submitted requests not yet finished, keyed by request id (event-loop thread only).
         self._flights: dict[str, Flight] = {}
         self.closing = False  # draining for shutdown: new requests are refused
+        self.died: str | None = None  # why the engine thread ended unasked, once it has
 
     def start(self) -> None:
-        self._thread.start()
+        # A big stack: llama.cpp's grammar sampler recurses once per nesting level.
+        self._thread = native_thread(self._run, "llama-srb-engine")
 
     @property
     def waiting(self) -> int:
         """Submitted requests not admitted yet: the queue that --max-queue bounds."""
         return sum(f.request.status is RequestStatus.WAITING for f in list(self._flights.values()))
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._flights)
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give those in flight `grace` seconds, then end the rest."""
@@ -60,7 +63,8 @@ class Runtime:
         self._call(lambda: self.engine.fail_all("the server is shutting down"))
         self._stopping = True
         self._wake.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def abort(self, request_id: str) -> None:
         self._call(lambda: self.engine.abort(request_id))
@@ -80,10 +84,17 @@ class Runtime:
 
         request.sink = sink
         self._flights[request.request_id] = flight
-        self._call(lambda: self.engine.add(request))
+        self._call(lambda: self._add(request))
         if self.closing:  # raced with shutdown: the engine still frees what it built
             self._interrupt(flight, "the server is shutting down")
         return Generation(flight, timeout, self._release)
+
+    def _add(self, request: Request) -> None:
+        try:
+            self.engine.add(request)
+        except Exception as exc:  # not tracked by the engine: end it here, for its reader
+            self.engine.fail(request, f"engine error: {exc}")
+            raise
 
     def _deliver(self, flight: Flight, output: RequestOutput) -> None:
         if output.finished:
@@ -101,9 +112,24 @@ class Runtime:
         flight.queue.put_nowait(ShuttingDown(message))
         self.abort(flight.request.request_id)  # also ends requests whose reader never came
 
+    def fail_flights(self, reason: str) -> None:
+        """The engine thread is gone: every reader gets an error now (event-loop thread)."""
+        for flight in list(self._flights.values()):
+            flight.queue.put_nowait(EngineDied(reason))
+        self._flights.clear()
+
     def _call(self, fn: Callable[[], None]) -> None:
         self._inbox.append(fn)
         self._wake.set()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # nothing can serve now: say so, loudly, at once
+            log.critical("the engine thread died", exc_info=True)
+            self.died = f"the engine stopped: {type(exc).__name__}: {exc}"
+            if self._on_death is not None:
+                self._on_death(self.died)
 
     def _loop(self) -> None:
         # The first decode pays for page faults and first-use setup. It runs here, on the
@@ -113,11 +139,11 @@ class Runtime:
         self.engine.ctx.warm_up(self.engine.model.bos)
         while True:
             self._wake.clear()
-            while self._inbox:
-                self._inbox.popleft()()
-            if self._stopping:
-                return
             try:
+                while self._inbox:
+                    self._inbox.popleft()()
+                if self._stopping:
+                    return
                 busy = self.engine.step()
             except Exception as exc:  # keep serving: fail what was in flight, not the server
                 log.exception("engine step failed")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from llama_srb.engine.kv import KvBudget, KvOp, common_prefix
+from llama_srb.engine.kv import MIN_SHARED_TOKENS, KvBudget, KvOp, common_prefix
 from llama_srb.engine.sequence import Request, RequestStatus, Sequence
 
 PROMPT_LOGPROBS_CHUNK = 64
@@ -126,6 +126,8 @@ class Scheduler:
             else:
                 continue
             common = min(common_prefix(request.prompt, other.prompt), limit)
+            if common < MIN_SHARED_TOKENS:
+                continue  # a BOS or a few tokens: not worth waiting a step for
             if min(common, held) > best:
                 best, source = min(common, held), holder
             if other.status is RequestStatus.PREFILLING:
@@ -157,4 +159,4 @@ class Scheduler:
         for seq in request.sequences:
             if seq.seq_id >= 0:
                 ops += self.finish_sequence(request, seq, (paths or {}).get(seq.seq_id))
-        return ops + self.budget.release_prompt(request)
+        return ops + self.budget.release_request(request)

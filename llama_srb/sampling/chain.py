@@ -13,7 +13,7 @@ import ctypes
 import llama_cpp as C
 
 from llama_srb.engine.native import Model
-from llama_srb.sampling.grammar import ConstrainedChain, parse_grammar
+from llama_srb.sampling.grammar import ConstrainedChain, clone_grammar, parse_grammar
 from llama_srb.sampling.params import SamplingParams
 
 
@@ -33,27 +33,50 @@ class SamplerChain:
             self.ptr = None
 
 
-def build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain | ConstrainedChain:
-    """Build the chain for one sequence; `seed` is already `base seed + choice index`.
-    Raises ParamError when the grammar does not parse."""
-    chain = _build_chain(model, params, seed)
-    if params.grammar is None:
-        return chain
+def build_chains(
+    model: Model, params: SamplingParams, seeds: list[int]
+) -> list[SamplerChain | ConstrainedChain]:
+    """One chain per branch; `seeds[i]` is already `base seed + choice index`. A grammar
+    is parsed once and cloned for each branch (parsing is the costly part). Raises
+    ParamError when the grammar does not parse."""
+    bias = _bias_array(params.logit_bias)
+    grammar = parse_grammar(model, params.grammar) if params.grammar is not None else None
+    chains: list[SamplerChain | ConstrainedChain] = []
     try:
-        grammar = parse_grammar(model, params.grammar)
+        for seed in seeds:
+            plain = _build_chain(model, params, seed, bias)
+            chains.append(plain)  # owned by the list from here: closed if a later step fails
+            if grammar is not None:
+                chains[-1] = ConstrainedChain(plain, clone_grammar(grammar), model.n_vocab)
     except BaseException:
-        chain.close()
+        for chain in chains:
+            chain.close()
         raise
-    return ConstrainedChain(chain, grammar, model.n_vocab)
+    finally:
+        if grammar is not None:
+            C.llama_sampler_free(grammar)
+    return chains
 
 
-def _build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChain:
+def _bias_array(pairs: tuple[tuple[int, float], ...]) -> ctypes.Array[C.llama_logit_bias] | None:
+    """The request's logit bias as a C array, built once: llama.cpp copies it per chain."""
+    if not pairs:
+        return None
+    return (C.llama_logit_bias * len(pairs))(*(C.llama_logit_bias(t, b) for t, b in pairs))
+
+
+def _build_chain(
+    model: Model,
+    params: SamplingParams,
+    seed: int,
+    bias: ctypes.Array[C.llama_logit_bias] | None,
+) -> SamplerChain:
     chain_params = C.llama_sampler_chain_default_params()
     chain_params.no_perf = True
     ptr = C.llama_sampler_chain_init(chain_params)
     chain = SamplerChain(ptr)
     try:
-        for sampler in _samplers(model, params, seed & 0xFFFFFFFF):
+        for sampler in _samplers(model, params, seed & 0xFFFFFFFF, bias):
             C.llama_sampler_chain_add(ptr, sampler)  # the chain takes ownership
     except BaseException:
         chain.close()
@@ -61,12 +84,15 @@ def _build_chain(model: Model, params: SamplingParams, seed: int) -> SamplerChai
     return chain
 
 
-def _samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sampler_p]:
+def _samplers(
+    model: Model,
+    p: SamplingParams,
+    seed: int,
+    bias: ctypes.Array[C.llama_logit_bias] | None,
+) -> list[C.llama_sampler_p]:
     out: list[C.llama_sampler_p] = []
-    if p.logit_bias:
-        entries = [C.llama_logit_bias(token, bias) for token, bias in p.logit_bias]
-        biases = (C.llama_logit_bias * len(entries))(*entries)
-        out.append(C.llama_sampler_init_logit_bias(model.n_vocab, len(p.logit_bias), biases))
+    if bias is not None:
+        out.append(C.llama_sampler_init_logit_bias(model.n_vocab, len(bias), bias))
     if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         last_n = model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n
         out.append(
@@ -77,14 +103,16 @@ def _samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sample
     if p.dry_multiplier > 0.0:
         breakers = [b.encode() for b in p.dry_sequence_breakers]
         array = (ctypes.c_char_p * len(breakers))(*breakers)
+        # This build's DRY takes no context size, so -1 ("the whole context") is resolved
+        # here, to the training context as llama.cpp's own server does.
+        last_n = model.n_ctx_train if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n
         out.append(
             C.llama_sampler_init_dry(
                 model.vocab,
-                model.n_ctx_train,
                 p.dry_multiplier,
                 p.dry_base,
                 p.dry_allowed_length,
-                p.dry_penalty_last_n,
+                last_n,
                 array,
                 len(breakers),
             )

@@ -10,6 +10,14 @@ from dataclasses import dataclass, fields
 
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
+# Bounds on what one request may make a branch carry: every branch checks its stop
+# strings on each token, and llama.cpp's DRY sampler keeps its breakers per branch.
+MAX_STOPS = 64
+MAX_STOP_CHARS = 512
+MAX_DRY_BREAKERS = 64
+MAX_DRY_BREAKER_CHARS = 64
+INT32_MAX = 2**31 - 1  # the C type of every integer parameter but the seed
+
 
 class ParamError(ValueError):
     """A request parameter is out of range; `param` names it for the API error."""
@@ -57,6 +65,9 @@ class SamplingParams:
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise ParamError(f.name, f"{f.name} must be a finite number, got {value}")
+            if isinstance(value, int) and f.name != "seed" and abs(value) > INT32_MAX:
+                # ctypes would silently truncate it on the way into C
+                raise ParamError(f.name, f"{f.name} must be at most {INT32_MAX}, got {value}")
         _check_range("max_tokens", self.max_tokens, 0, None)
         _check_range("min_tokens", self.min_tokens, 0, None)
         _check_range("temperature", self.temperature, 0.0, 100.0)
@@ -83,10 +94,22 @@ class SamplingParams:
             _check_range("seed", self.seed, -(2**63), 2**64 - 1)
         if self.logprobs is not None:
             _check_range("logprobs", self.logprobs, 0, 20)
-        if any(s == "" for s in self.stop):
-            raise ParamError("stop", "stop strings must not be empty")
-        if len(self.dry_sequence_breakers) > 64:
-            raise ParamError("dry_sequence_breakers", "at most 64 DRY sequence breakers")
+        _check_strings("stop", self.stop, MAX_STOPS, MAX_STOP_CHARS)
+        _check_strings(
+            "dry_sequence_breakers",
+            self.dry_sequence_breakers,
+            MAX_DRY_BREAKERS,
+            MAX_DRY_BREAKER_CHARS,
+        )
+
+    def check_model_limits(self, n_vocab: int, n_ctx: int) -> None:
+        """Bounds that depend on the model and context: a top_k beyond the vocabulary or
+        a penalty window beyond the context means nothing, and costs memory in C."""
+        _check_range("top_k", self.top_k, 0, n_vocab)
+        _check_range("repeat_last_n", self.repeat_last_n, -1, n_ctx)
+        _check_range("dry_penalty_last_n", self.dry_penalty_last_n, -1, n_ctx)
+        _check_range("dry_allowed_length", self.dry_allowed_length, 0, n_ctx)
+        _check_range("min_tokens", self.min_tokens, 0, n_ctx)
 
     @property
     def greedy(self) -> bool:
@@ -97,3 +120,13 @@ def _check_range(name: str, value: float, lo: float | None, hi: float | None) ->
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ParamError(name, f"{name} must be {bounds}, got {value}")
+
+
+def _check_strings(name: str, values: tuple[str, ...], most: int, longest: int) -> None:
+    if len(values) > most:
+        raise ParamError(name, f"at most {most} {name} strings, got {len(values)}")
+    for value in values:
+        if not value:
+            raise ParamError(name, f"{name} strings must not be empty")
+        if len(value) > longest:
+            raise ParamError(name, f"{name} strings must be at most {longest} characters")

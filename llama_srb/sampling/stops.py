@@ -46,11 +46,16 @@ class StopMatcher:
         return min(positions) if positions else None
 
     def _partial_suffix(self, buffer: str) -> int:
-        """Length of the longest suffix of `buffer` that is a proper prefix of a stop."""
+        """Length of the longest suffix of `buffer` that is a proper prefix of a stop.
+        Only positions holding a stop's first character can start one: `find` jumps
+        between them in C, so long stop strings cost little per token."""
         longest = 0
         for stop in self.stops:
-            for k in range(min(len(stop) - 1, len(buffer)), longest, -1):
-                if buffer.endswith(stop[:k]):
-                    longest = k
+            start = max(0, len(buffer) - len(stop) + 1)
+            i = buffer.find(stop[0], start)
+            while i >= 0 and len(buffer) - i > longest:
+                if stop.startswith(buffer[i:]):
+                    longest = len(buffer) - i  # the earliest match is this stop's longest
                     break
+                i = buffer.find(stop[0], i + 1)
         return longest

@@ -28,14 +28,15 @@ IDLE_GAUGES = (
 # -- helpers -------------------------------------------------------------------------------
 
 
-def seconds_until_idle(server: RunningServer, within: float) -> float:
-    """How long until /metrics shows nothing running or waiting; fails after `within`."""
+def wait_until_idle(server: RunningServer, within: float) -> None:
+    """Until /metrics shows nothing running or waiting; fails after `within` seconds (far
+    less than LONG takes to finish by itself, so being idle proves it was aborted)."""
     start = time.monotonic()
     while True:
         sample = server.metrics()
         gauges = {name: sample[name] for name in IDLE_GAUGES}
         if not any(gauges.values()):
-            return time.monotonic() - start
+            return
         if time.monotonic() - start > within:
             pytest.fail(f"still busy {within} s later: {gauges}")
         time.sleep(0.02)
@@ -135,7 +136,7 @@ def test_a_socket_closed_mid_stream_frees_its_sequences(server: RunningServer) -
         assert server.metric("llama_srb_sequences_running") == 4
     finally:
         sock.close()
-    assert seconds_until_idle(server, within=1.0) <= 1.0
+    wait_until_idle(server, within=10)
 
 
 def test_a_socket_closed_while_waiting_for_a_whole_completion_frees_it(
@@ -146,7 +147,7 @@ def test_a_socket_closed_while_waiting_for_a_whole_completion_frees_it(
         wait_for(lambda: server.metric("llama_srb_sequences_running") == 3)
     finally:
         sock.close()
-    assert seconds_until_idle(server, within=1.0) <= 1.0
+    wait_until_idle(server, within=10)
 
 
 # -- backpressure --------------------------------------------------------------------------
@@ -160,7 +161,9 @@ def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(tmp_path: P
         queued = Stream(server, {"prompt": STORY, "max_tokens": 4})
         queued.start()
         wait_for(lambda: queued.status is not None)
-        assert queued.status == 200 and server.metric("llama_srb_requests_waiting") == 1
+        assert queued.status == 200
+        # /metrics shows the engine's last step: the one after the request was queued.
+        wait_for(lambda: server.metric("llama_srb_requests_waiting") == 1)
 
         body = {"prompt": STORY, "max_tokens": 4}
         refused = [
@@ -177,7 +180,7 @@ def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(tmp_path: P
         queued.join(60)
         assert queued.events[-1] == "[DONE]" and queued.finish_reasons() <= {"stop", "length"}
         assert queued.finish_reasons()
-        seconds_until_idle(server, within=5)
+        wait_until_idle(server, within=5)
         counted = (
             'llama_srb_http_requests_total{method="POST",route="/v1/completions",status="429"}'
         )
@@ -286,7 +289,7 @@ def test_a_request_past_the_timeout_gets_an_explicit_error(guarded: RunningServe
     assert stream.events[-1] == "[DONE]"
     error = stream.events[-2]
     assert isinstance(error, dict) and error["error"]["code"] == "request_timeout"
-    seconds_until_idle(guarded, within=5)
+    wait_until_idle(guarded, within=5)
 
 
 # -- graceful shutdown -----------------------------------------------------------------------

@@ -89,6 +89,41 @@ def test_concurrent_requests_with_one_prompt_evaluate_it_once(server: RunningSer
     )
 
 
+def test_a_story_longer_than_a_quarter_of_the_context_branches_for_free(
+    server: RunningServer,
+) -> None:
+    """The cache may hold whatever running requests do not need, so a story of ~3,000
+    tokens (the old cache budget held 2,048 cells at most) stays, branches and all."""
+    prompt = story(70)
+    first = complete(server, prompt=prompt, n=2, max_tokens=16, seed=3, ignore_eos=True)
+    story_tokens = first["usage"]["prompt_tokens"]
+    assert story_tokens > 2500
+    for choice in first["choices"]:  # continue either branch: only the seam is computed
+        branch = complete(server, prompt=prompt + choice["text"], max_tokens=4)
+        assert branch["usage"]["prompt_tokens_details"]["cached_tokens"] >= story_tokens + 10
+
+
+def test_a_prompt_sharing_only_its_first_token_is_cached_on_its_second_try(
+    server: RunningServer,
+) -> None:
+    complete(server, prompt=story(20), max_tokens=4)  # a long path is cached
+    prompt = story(2)  # starts with BOS, like the long one, then nothing in common
+    first = complete(server, prompt=prompt, max_tokens=8)
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # no useless fork
+    again = complete(server, prompt=prompt, max_tokens=8)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == (
+        again["usage"]["prompt_tokens"] - 1
+    )
+
+
+def test_without_n_ctx_the_context_is_the_models_training_context(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with run_server(Path(tmp_path_factory.mktemp("auto"))) as running:
+        assert running.metric("llama_srb_kv_cells_total") == 32768  # Gemma 3 270M's
+        assert "n_ctx=32768: the model's training context" in running.log()
+
+
 @pytest.fixture(scope="module")
 def tiny_cache_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     with run_server(

@@ -1,13 +1,24 @@
-"""The prefix cache's bookkeeping, without a model."""
+"""The prefix cache's bookkeeping and policy, without a model."""
 
 from __future__ import annotations
 
 import random
 
-from llama_srb.engine.kv import KvBudget, KvOp, PrefixCache, common_prefix
+from llama_srb.config import MIN_AUTO_N_CTX, fit_n_ctx
+from llama_srb.engine.kv import (
+    MIN_SHARED_TOKENS,
+    KvBudget,
+    KvOp,
+    PrefixCache,
+    as_tokens,
+    common_prefix,
+)
 from llama_srb.engine.scheduler import Scheduler
 from llama_srb.engine.sequence import Request, RequestStatus, Sequence
 from llama_srb.sampling.params import SamplingParams
+
+BOS = 2
+_fresh = iter(range(1000, 10**9))
 
 
 def make(rid: str, prompt: list[int], n: int = 1, max_tokens: int = 4) -> Request:
@@ -19,8 +30,33 @@ def make(rid: str, prompt: list[int], n: int = 1, max_tokens: int = 4) -> Reques
     )
 
 
+def text(length: int) -> list[int]:
+    """Tokens no other text shares."""
+    return [next(_fresh) for _ in range(length)]
+
+
+def run(budget: KvBudget, request: Request, generated: list[list[int]] | None = None) -> Request:
+    """Admit `request`, end its branches (branch i's cells hold its prompt + generated[i]),
+    then end the request: what the scheduler does through a request's life."""
+    assert budget.can_admit(request)
+    budget.admit(request)
+    for seq, tokens in zip(request.sequences, generated or [[]] * request.n, strict=True):
+        budget.release_sequence(request, seq.seq_id, request.prompt + tokens)
+        seq.seq_id = -1
+    budget.release_request(request)
+    return request
+
+
 def distinct_prefixes(paths: list[list[int]]) -> int:
     return len({tuple(p[:k]) for p in paths for k in range(1, len(p) + 1)})
+
+
+def check_invariants(budget: KvBudget) -> None:
+    cache = budget.cache
+    paths = [list(p.tokens) for p in cache.paths]
+    assert cache.cells() == distinct_prefixes(paths) == cache.cells_of(cache.paths)
+    assert budget.cells_used <= budget.n_cells
+    assert cache.idle_cells() <= cache.max_idle_cells
 
 
 def test_common_prefix() -> None:
@@ -35,21 +71,23 @@ def test_common_prefix() -> None:
             (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
         )
         assert common_prefix(a, b) == expected
+        assert common_prefix(as_tokens(a), as_tokens(b)) == expected
 
 
 def test_cells_counts_each_shared_prefix_once() -> None:
-    cache = PrefixCache(max_cells=1000)
+    cache = PrefixCache(max_idle_cells=1000)
     rng = random.Random(1)
-    paths = []
     for seq_id in range(12):
-        path = [rng.randrange(3) for _ in range(rng.randrange(1, 10))]
-        cache.park(seq_id, path)
-        paths.append(path)
-        assert cache.cells() == distinct_prefixes([p.tokens for p in cache.paths])
+        cache.park(seq_id, [rng.randrange(3) for _ in range(rng.randrange(1, 10))])
+        paths = [list(p.tokens) for p in cache.paths]
+        assert cache.cells() == distinct_prefixes(paths) == cache.cells_of(cache.paths)
+    while cache.paths:  # and as paths go
+        cache.evict_lru()
+        assert cache.cells() == distinct_prefixes([list(p.tokens) for p in cache.paths])
 
 
 def test_parking_shares_cells_with_the_best_match_and_drops_covered_paths() -> None:
-    cache = PrefixCache(max_cells=1000)
+    cache = PrefixCache(max_idle_cells=1000)
     assert cache.park(7, [1, 2, 3]) == ([], [])
     ops, freed = cache.park(8, [1, 2, 3, 4, 5])
     # The new path re-points its first 3 cells at path 7's, then path 7 (a prefix) goes.
@@ -62,29 +100,29 @@ def test_parking_shares_cells_with_the_best_match_and_drops_covered_paths() -> N
 
 
 def test_a_request_forks_from_the_cache_and_pins_its_source() -> None:
-    budget = KvBudget(max_live=4, n_cells=100, cache_paths=4, cache_cells=50)
-    first = make("a", [1, 2, 3, 4, 5])
-    budget.admit(first)
-    budget.release_sequence(first, first.sequences[0].seq_id, [1, 2, 3, 4, 5, 6])
-    budget.release_prompt(first)
-    second = make("b", [1, 2, 3, 4, 5, 6, 7, 8])
+    budget = KvBudget(max_live=4, n_cells=500, cache_paths=4, cache_cells=500)
+    story = [BOS, *text(40)]
+    first = run(budget, make("a", story[:-1]), [story[-1:]])
+    assert first.n_cached == 0
+    second = make("b", [*story, *text(2)])
     ops = budget.admit(second)
-    assert ops == [KvOp(0, second.primary.seq_id, 0, 6)]
-    assert second.n_prefilled == second.n_cached == 6
-    assert budget.cells_reserved == 8 - 6 + 4
+    assert ops == [KvOp(0, second.primary.seq_id, 0, len(story))]
+    assert second.n_prefilled == second.n_cached == len(story)
+    assert budget.cells_reserved == 2 + 4
     assert budget.cache.paths[0].pins == 1
     assert budget.cache.evict_lru() is None  # pinned: a running request counts on it
     budget.release_sequence(second, second.primary.seq_id, None)
-    budget.release_prompt(second)
+    budget.release_request(second)
     assert budget.cache.paths[0].pins == 0
     assert budget.cells_reserved == 0
 
 
 def test_the_last_prompt_token_is_always_decoded_again() -> None:
-    budget = KvBudget(max_live=2, n_cells=100, cache_paths=2, cache_cells=50)
-    budget.cache.park(5, [1, 2, 3])
-    _, shared = budget.match(make("x", [1, 2, 3]))
-    assert shared == 2
+    budget = KvBudget(max_live=2, n_cells=100, cache_paths=2, cache_cells=100)
+    story = [BOS, *text(40)]
+    budget.cache.park(5, story)
+    _, shared = budget.match(make("x", story))
+    assert shared == len(story) - 1
 
 
 def test_admission_evicts_cached_paths_lru_first_when_cells_run_short() -> None:
@@ -99,15 +137,135 @@ def test_admission_evicts_cached_paths_lru_first_when_cells_run_short() -> None:
     assert [p.tokens[0] for p in budget.cache.paths] == [8]
 
 
-def test_cache_never_exceeds_its_cell_budget() -> None:
+def test_an_explicit_cache_budget_bounds_the_idle_cells() -> None:
     budget = KvBudget(max_live=1, n_cells=100, cache_paths=8, cache_cells=10)
     for i in range(6):
-        request = make(str(i), [100 + i] * 3)
-        budget.admit(request)
-        budget.release_sequence(request, request.primary.seq_id, [100 + i] * 4)
-        budget.release_prompt(request)
+        run(budget, make(str(i), [100 + i] * 3), [[100 + i]])
         assert budget.cache.cells() <= 10
+        check_invariants(budget)
     assert budget.free_ids + len(budget.cache.paths) == budget.n_seq
+
+
+# -- the policy: long stories stay, trivial prefixes do not pin, LRU across writers ------
+
+
+def test_by_default_the_cache_may_use_every_cell_no_request_needs() -> None:
+    budget = KvBudget(max_live=8, n_cells=1000, cache_paths=8, cache_cells=1000)
+    story = [BOS, *text(700)]  # 70% of the context
+    branches = [text(20) for _ in range(4)]
+    run(budget, make("root", story, n=4, max_tokens=20), branches)
+    assert budget.cache.cells() == 700 + 1 + 4 * 20  # the story once, every branch's tail
+    # Continue branch A, then A's child, then go back to branch B: each forks all it can.
+    children = [text(20) for _ in range(4)]
+    a = run(budget, make("A", story + branches[0], n=4, max_tokens=20), children)
+    assert a.n_cached == len(story) + 20 - 1
+    child = story + branches[0] + children[0]
+    assert run(budget, make("A1", child, n=2)).n_cached == len(child) - 1
+    assert run(budget, make("B", story + branches[1], n=2)).n_cached == len(story) + 20 - 1
+    check_invariants(budget)
+
+
+def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
+    budget = KvBudget(max_live=4, n_cells=3000, cache_paths=8, cache_cells=3000)
+    long_story = [BOS, *text(2000)]
+    run(budget, make("long", long_story), [text(8)])
+    prompt = [BOS, *text(94)]  # shares only the BOS token with the cached story
+    first = make("new", prompt, max_tokens=8)
+    assert budget.match(first) == (None, 0)
+    budget.admit(first)
+    assert first.n_cached == 0 and not any(p.pins for p in budget.cache.paths)
+    budget.release_sequence(first, first.primary.seq_id, prompt + text(8))
+    budget.release_request(first)
+    again = run(budget, make("again", prompt, max_tokens=8))
+    assert again.n_cached == len(prompt) - 1  # cached on its second try
+    assert len(budget.cache.paths) == 2  # and the long story is still there
+    assert budget.match(make("x", [BOS, *text(MIN_SHARED_TOKENS)])) == (None, 0)
+
+
+def test_parking_does_not_evict_the_parked_path_for_an_unrelated_pinned_one() -> None:
+    budget = KvBudget(max_live=4, n_cells=3000, cache_paths=8, cache_cells=600)
+    story = [BOS, *text(500)]
+    run(budget, make("story", story), [text(4)])
+    reader = make("reader", [*story, *text(2)], max_tokens=50)  # pins the story's path
+    budget.admit(reader)
+    short = run(budget, make("short", [BOS, *text(200)]), [text(4)])
+    # 505 pinned + 205 idle cells exceed 600, but only the 205 idle ones count.
+    assert any(p.tokens[1] == short.prompt[1] for p in budget.cache.paths)
+    assert run(budget, make("short again", short.prompt)).n_cached == len(short.prompt) - 1
+    check_invariants(budget)
+
+
+def test_writers_keep_their_hits_while_their_stories_fit_then_the_lru_story_goes() -> None:
+    budget = KvBudget(max_live=8, n_cells=1000, cache_paths=16, cache_cells=1000)
+    stories = {w: [BOS, *text(250)] for w in ("w1", "w2", "w3")}
+    picked = {w: text(10) for w in stories}
+    for w, story in stories.items():  # each writer's root: n=2
+        run(budget, make(w, story, n=2, max_tokens=10), [picked[w], text(10)])
+    for w, story in stories.items():  # interleaved: each continues its first branch
+        request = run(budget, make(w, story + picked[w], n=2, max_tokens=10), [text(10)] * 2)
+        assert request.n_cached == len(story) + 10 - 1
+    check_invariants(budget)
+    # A fourth writer's story does not fit beside the three: the least recent one goes.
+    run(budget, make("w4", [BOS, *text(300)], n=2, max_tokens=10))
+    check_invariants(budget)
+    for w in ("w2", "w3"):
+        assert run(budget, make(w, stories[w] + picked[w])).n_cached == 250 + 10
+    assert run(budget, make("w1", [*stories["w1"], *text(3)])).n_cached == 0
+
+
+def test_a_running_request_is_always_admitted_over_idle_paths() -> None:
+    budget = KvBudget(max_live=8, n_cells=1000, cache_paths=16, cache_cells=1000)
+    for i in range(9):
+        run(budget, make(str(i), [BOS, *text(100)]), [text(8)])
+    assert budget.cache.cells() > 900  # the cache has taken the whole context
+    big = make("big", [BOS, *text(600)], n=4, max_tokens=90)  # 960 cells
+    assert budget.can_admit(big)
+    budget.admit(big)
+    assert budget.cells_used <= budget.n_cells
+    check_invariants(budget)
+
+
+def test_a_request_waits_only_for_cells_running_requests_hold() -> None:
+    budget = KvBudget(max_live=8, n_cells=1000, cache_paths=16, cache_cells=1000)
+    story = [BOS, *text(500)]
+    run(budget, make("story", story))
+    reader = make("reader", [*story, *text(2)], max_tokens=100)  # pins 501, reserves 102
+    budget.admit(reader)
+    big = make("big", [BOS, *text(300)], max_tokens=250)  # 551 cells: 603 + 551 > 1000
+    assert not budget.can_admit(big)
+    budget.release_sequence(reader, reader.primary.seq_id, reader.prompt + text(4))
+    budget.release_request(reader)
+    assert budget.can_admit(big)  # the story is idle now: evicted for the running request
+    budget.admit(big)
+    assert not budget.cache.paths
+    check_invariants(budget)
+
+
+def test_random_traffic_keeps_the_books_exact() -> None:
+    rng = random.Random(7)
+    budget = KvBudget(max_live=6, n_cells=600, cache_paths=6, cache_cells=600)
+    stories = [[BOS, *text(rng.randrange(40, 200))] for _ in range(5)]
+    running: list[Request] = []
+    for step in range(400):
+        if running and (rng.random() < 0.5 or len(running) > 2):
+            request = running.pop(rng.randrange(len(running)))
+            for seq in request.sequences:
+                path = request.prompt + text(rng.randrange(0, 5)) if rng.random() < 0.9 else None
+                budget.release_sequence(request, seq.seq_id, path)
+            budget.release_request(request)
+        else:
+            story = rng.choice(stories)
+            prompt = story[: rng.randrange(2, len(story) + 1)] + text(rng.randrange(1, 30))
+            request = make(str(step), prompt, n=rng.randrange(1, 4), max_tokens=8)
+            if budget.can_admit(request):
+                budget.admit(request)
+                running.append(request)
+        check_invariants(budget)
+        live_ids = sum(r.n for r in running)
+        assert budget.free_ids + len(budget.cache.paths) + live_ids == budget.n_seq
+
+
+# -- sharing with live requests ------------------------------------------------------------
 
 
 def test_concurrent_requests_with_one_prompt_compute_it_once() -> None:
@@ -135,6 +293,15 @@ def test_concurrent_requests_with_one_prompt_compute_it_once() -> None:
     assert second.n_cached == 100
 
 
+def test_prompts_that_share_only_a_few_tokens_are_computed_side_by_side() -> None:
+    s = Scheduler(KvBudget(max_live=8, n_cells=1000, cache_paths=8, cache_cells=500), n_batch=256)
+    s.add(make("a", [BOS, *text(100)]))
+    s.add(make("b", [BOS, *text(100)]))
+    plan = s.schedule()
+    assert [c.request.request_id for c in plan.prefill] == ["a", "b"]  # b does not wait
+    assert plan.kv_ops == []
+
+
 def test_without_the_cache_nothing_is_shared() -> None:
     s = Scheduler(KvBudget(max_live=8, n_cells=1000), n_batch=256)
     prompt = list(range(100))
@@ -143,3 +310,22 @@ def test_without_the_cache_nothing_is_shared() -> None:
     plan = s.schedule()
     assert [c.request.request_id for c in plan.prefill] == ["a", "b"]
     assert plan.kv_ops == []
+
+
+# -- the context size ------------------------------------------------------------------------
+
+
+def test_the_default_context_is_the_training_context_when_memory_allows() -> None:
+    per_cell = 18 * 512 * 2  # Gemma 3 270M: 18 layers, one KV head of 256 + 256, f16
+    n_ctx, why = fit_n_ctx(32768, per_cell, available=16 << 30)
+    assert n_ctx == 32768 and "training context" in why
+    assert fit_n_ctx(32768, per_cell, available=None)[0] == 32768
+
+
+def test_the_default_context_shrinks_to_fit_memory_but_not_below_the_floor() -> None:
+    per_cell = 512 << 10  # a 7B model's f16 KV cell
+    n_ctx, why = fit_n_ctx(131072, per_cell, available=(1 << 30) + (8 << 30))
+    assert n_ctx == 8192 and n_ctx % 256 == 0 and "lowered" in why
+    assert fit_n_ctx(131072, per_cell, available=1 << 30)[0] == MIN_AUTO_N_CTX
+    assert fit_n_ctx(2048, per_cell, available=1 << 30)[0] == 2048  # never above training
+    assert fit_n_ctx(0, per_cell, available=None)[0] == MIN_AUTO_N_CTX  # unknown: a floor

@@ -51,3 +51,17 @@ def test_every_split_point_of_a_stop_is_caught() -> None:
             m = StopMatcher([stop])
             emitted = feed(m, [text[:i], text[i:j], text[j:]])
             assert emitted == "hello world. The ", (i, j)
+
+
+def test_held_back_suffix_matches_a_brute_force_search() -> None:
+    """The longest suffix of the text that is a proper prefix of some stop string."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(2000):
+        stops = ["".join(rng.choices("ab\n", k=rng.randrange(1, 6))) for _ in range(3)]
+        buffer = "".join(rng.choices("ab\n", k=rng.randrange(0, 12)))
+        expected = max(
+            (k for s in stops for k in range(1, len(s)) if buffer.endswith(s[:k])), default=0
+        )
+        assert StopMatcher(stops)._partial_suffix(buffer) == expected, (stops, buffer)

@@ -4,7 +4,9 @@ as completions (one prefill, n branches decoded together)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
+import uuid
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -23,10 +25,18 @@ from llama_srb.api.constraints import request_params
 from llama_srb.api.errors import APIError
 from llama_srb.api.logprob_format import Piece, chat_logprobs
 from llama_srb.api.prompts import merge
-from llama_srb.api.serving import generate, prepare, sse_response, until_disconnect
+from llama_srb.api.serving import (
+    build,
+    check_request,
+    discard,
+    generate,
+    sse_response,
+    until_disconnect,
+)
 from llama_srb.api.sse import ChatStream
 from llama_srb.api.state import AppState
 from llama_srb.engine.native import Model
+from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.sampling.params import ParamError, SamplingParams
 
 # Without max_tokens a reply may take what fits in the context, up to this many tokens:
@@ -42,10 +52,14 @@ def chat_router(state: AppState) -> APIRouter:
 
     @router.post("/chat/completions", response_model=ChatCompletion)
     async def chat_completions(body: ChatRequest, http: Request) -> Response:
-        loaded = state.ready()
-        prompt = chat_prompt(loaded.model, templates.get(loaded.model), body)
-        params = chat_params(body, loaded.model, len(prompt), loaded.n_ctx)
-        request = prepare(state, body, prompt, params, prefix="chatcmpl")
+        loaded = check_request(state, body, 1)
+
+        def prepare() -> EngineRequest:
+            prompt = chat_prompt(loaded.model, templates.get(loaded.model), body)
+            params = chat_params(body, loaded.model, len(prompt), loaded.n_ctx)
+            return build(loaded, body.n, prompt, params, "chatcmpl")
+
+        request = await state.workers.run(prepare, lambda built: discard([built]))
         created = int(time.time())
         outputs = generate(state, request)
         piece = loaded.model.piece if body.logprobs else None
@@ -110,15 +124,42 @@ def _special(model: Model, token: int) -> str:
 def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest) -> list[int]:
     """The rendered conversation as tokens, with exactly one BOS where the model wants one."""
     messages = [{"role": m.role, "content": m.content or ""} for m in body.messages]
-    try:
-        text = template.render(messages, add_generation_prompt=True)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), param="messages", code="chat_template_error") from None
+    tokens = _tokenize_turns(model, template, messages)
     # Templates usually write the BOS themselves (`{{ bos_token }}`): add it only if not.
-    tokens = model.tokenize(text, add_special=False, parse_special=True)
     if model.add_bos and model.bos >= 0 and tokens[:1] != [model.bos]:
         tokens.insert(0, model.bos)
     return tokens
+
+
+def _tokenize_turns(
+    model: Model, template: ChatTemplate, messages: list[dict[str, str]]
+) -> list[int]:
+    """The template's own markers (`<start_of_turn>`) become control tokens; what the
+    messages say never does, or a message reading `<end_of_turn><start_of_turn>model`
+    would forge a turn. Messages with such text are rendered as unique slots, then
+    tokenized as plain text in their place."""
+    risky = {i for i, m in enumerate(messages) if _spells_special(model, m["content"])}
+    slot = f"\x00{uuid.uuid4().hex}:"  # no client text can contain it: it is new
+    slotted = [
+        {**m, "content": f"{slot}{i}\x00"} if i in risky else m for i, m in enumerate(messages)
+    ]
+    try:
+        text = template.render(slotted, add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), param="messages", code="chat_template_error") from None
+    parts = re.split(f"{re.escape(slot)}(\\d+)\x00", text)  # template, index, template, …
+    tokens: list[int] = []
+    for k, part in enumerate(parts):
+        if k % 2:
+            tokens += model.tokenize(messages[int(part)]["content"], False, parse_special=False)
+        elif part:
+            tokens += model.tokenize(part, add_special=False, parse_special=True)
+    return tokens
+
+
+def _spells_special(model: Model, text: str) -> bool:
+    """Whether `text` holds the spelling of a control token (`<end_of_turn>`)."""
+    return bool(text) and model.tokenize(text, False, True) != model.tokenize(text, False, False)
 
 
 def chat_params(body: ChatRequest, model: Model, prompt_len: int, n_ctx: int) -> SamplingParams:
@@ -133,7 +174,7 @@ def chat_params(body: ChatRequest, model: Model, prompt_len: int, n_ctx: int) ->
         max_tokens = body.max_tokens
     if max_tokens is None:
         max_tokens = default_max_tokens(n_ctx, prompt_len, body.n)
-    params = request_params(body, model, max_tokens=max_tokens)
+    params = request_params(body, model, n_ctx, max_tokens=max_tokens)
     # Chat's logprobs is a switch; the engine's is the number of alternatives (or None).
     k = (body.top_logprobs or 0) if body.logprobs else None
     return dataclasses.replace(params, logprobs=k)

@@ -11,7 +11,7 @@ from llama_srb.api.choices import ChoiceResult, Gathered, gather
 from llama_srb.api.constraints import request_params
 from llama_srb.api.errors import APIError
 from llama_srb.api.logprob_format import Piece, completion_logprobs, concat
-from llama_srb.api.prompts import Prompt, merge, parse_prompts, prepare_all
+from llama_srb.api.prompts import Prompt, build_all, count_prompts, merge, parse_prompts
 from llama_srb.api.protocol import (
     Completion,
     CompletionChoice,
@@ -20,9 +20,16 @@ from llama_srb.api.protocol import (
     ModelCard,
     ModelList,
 )
-from llama_srb.api.serving import generate, sse_response, until_disconnect
+from llama_srb.api.serving import (
+    check_request,
+    discard,
+    generate,
+    sse_response,
+    until_disconnect,
+)
 from llama_srb.api.sse import CompletionStream
 from llama_srb.api.state import AppState
+from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.sampling.logprobs import TokenLogprob
 
 
@@ -36,11 +43,16 @@ def completions_router(state: AppState) -> APIRouter:
 
     @router.post("/completions", response_model=Completion)
     async def completions(body: CompletionRequest, http: Request) -> Response:
-        model = state.ready().model
-        params = request_params(body, model, logprobs=body.logprobs)
-        prompts = parse_prompts(body.prompt, model)
+        loaded = check_request(state, body, count_prompts(body.prompt))
+        model = loaded.model
         scored = body.echo and body.logprobs is not None  # the prompt's logprobs too
-        requests = prepare_all(state, body, prompts, params, "cmpl", prompt_logprobs=scored)
+
+        def prepare() -> tuple[list[Prompt], list[EngineRequest]]:
+            params = request_params(body, model, loaded.n_ctx, logprobs=body.logprobs)
+            prompts = parse_prompts(body.prompt, model)
+            return prompts, build_all(loaded, body.n, prompts, params, "cmpl", scored)
+
+        prompts, requests = await state.workers.run(prepare, lambda built: discard(built[1]))
         request_id, created = requests[0].request_id, int(time.time())
         outputs = merge([generate(state, request) for request in requests])
         piece = model.piece if body.logprobs is not None else None

@@ -7,10 +7,11 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from llama_srb.api.errors import APIError
+from llama_srb.api.protocol import RequestBody
 from llama_srb.api.state import AppState
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(RequestBody):
     content: str
     add_special: bool = Field(False, description="add the BOS token the model wants, if any")
     parse_special: bool = Field(True, description="read `<start_of_turn>` etc. as one token")
@@ -26,7 +27,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int] | list[TokenPiece]
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(RequestBody):
     tokens: list[int]
 
 
@@ -40,12 +41,15 @@ def tokenize_router(state: AppState) -> APIRouter:
     @router.post("/tokenize", response_model=TokenizeResponse)
     async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
         model = state.ready().model
-        tokens = model.tokenize(body.content, body.add_special, body.parse_special)
-        if not body.with_pieces:
-            return TokenizeResponse(tokens=tokens)
-        return TokenizeResponse(
-            tokens=[TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
-        )
+
+        def run() -> TokenizeResponse:  # megabytes of text take seconds: off the loop
+            tokens = model.tokenize(body.content, body.add_special, body.parse_special)
+            if not body.with_pieces:
+                return TokenizeResponse(tokens=tokens)
+            pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
+            return TokenizeResponse(tokens=pieces)
+
+        return await state.workers.run(run)
 
     @router.post("/detokenize", response_model=DetokenizeResponse)
     async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
@@ -55,7 +59,9 @@ def tokenize_router(state: AppState) -> APIRouter:
             raise APIError(
                 400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", "tokens"
             )
-        return DetokenizeResponse(content=model.detokenize(body.tokens))
+        return DetokenizeResponse(
+            content=await state.workers.run(lambda: model.detokenize(body.tokens))
+        )
 
     return router
 

@@ -1,0 +1,149 @@
+"""Crash hunting: hypothesis combines what once killed the process — grammars, JSON
+schemas, response formats, ignore_eos, min_tokens, logprobs, echo, n, every sampler
+parameter at legal and edge values, prompt lists and token-id prompts — and after each
+request the answer must be a 2xx or a 4xx and the server alive and healthy.
+
+Bounded for CI: a fixed number of examples, short outputs, a small context.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from llama_srb.testing import RunningServer, run_server
+
+EXAMPLES = 80
+
+GRAMMARS = [
+    'root ::= "a"',  # complete after one token: with EOS masked this once aborted
+    'root ::= [a-z]+ "."',
+    'root ::= ("yes" | "no")',
+    "root ::= " + "(" * 64 + '"x"' + ")" * 64,
+    'root ::= "a"{2,5}',
+    "root ::= undefined",  # invalid: a 400
+    'root ::= "unterminated',
+    "root ::= root",  # left recursion: a 400
+    "",
+]
+SCHEMAS: list[Any] = [
+    {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    {"type": "string", "maxLength": 3},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2},
+    {"type": "string", "maxLength": 5000},  # beyond the repetition limit: a 400
+    {"type": "string", "pattern": "^a{2,4}$"},
+    {},
+    {"type": "nonsense"},
+]
+
+
+def edge(*values: object) -> st.SearchStrategy[object]:
+    return st.sampled_from(values)
+
+
+SAMPLERS: dict[str, st.SearchStrategy[object]] = {
+    "temperature": edge(0, 0.0001, 0.8, 2.0, 100, -1, 1e308),
+    "top_k": edge(0, 1, 40, 262144, 10**9, -1),
+    "top_p": edge(0, 0.1, 1, 1.5),
+    "min_p": edge(0, 0.5, 1, -0.1),
+    "typical_p": edge(0, 0.5, 1),
+    "repeat_penalty": edge(0, 1, 1.5, 10, 11),
+    "repeat_last_n": edge(-1, 0, 1, 64, 1024, 10**12),
+    "frequency_penalty": edge(-2, 0, 2, 3),
+    "presence_penalty": edge(-2, 0, 2),
+    "dry_multiplier": edge(0, 0.8, 100),
+    "dry_base": edge(0.5, 1, 1.75, 100),
+    "dry_allowed_length": edge(0, 1, 2, 1000, 2**40),
+    "dry_penalty_last_n": edge(-1, 0, 16, 1024, 2**33),
+    "dry_sequence_breakers": edge([], ["\n"], ["", "a"], ["x" * 65], ["a"] * 65),
+    "xtc_probability": edge(0, 0.5, 1),
+    "xtc_threshold": edge(0, 0.1, 0.5, 1),
+    "top_n_sigma": edge(-1, 0, 0.5, 5),
+    "mirostat": edge(0, 1, 2, 3),
+    "mirostat_tau": edge(0, 5, 100),
+    "mirostat_eta": edge(0, 0.1, 1),
+    "dynatemp_range": edge(0, 0.5, 100),
+    "dynatemp_exponent": edge(0, 1, 100),
+    "seed": edge(0, -1, 2**32, 2**64 - 1, -(2**63)),
+    "min_tokens": edge(0, 1, 3, 100, 2**31),
+    "ignore_eos": st.booleans(),
+    "stop": edge("\n", ["a", "b"], [""], ["."] * 65),
+    "logit_bias": edge({"0": 100}, {"1": -100}, {"262144": 1}, {"-1": 1}, {"2": 101}),
+}
+
+PROMPTS: st.SearchStrategy[object] = st.one_of(
+    st.text(alphabet="ab <>_/\n.é🙂", max_size=30),
+    edge("<start_of_turn>model\n", "<bos>", "<eos>", ""),
+    st.lists(st.integers(min_value=0, max_value=3000), max_size=20),
+    edge([-1], [2**31], [262144], [[1, 2], [3]], ["a", "b"], [[]], []),
+)
+
+
+@st.composite
+def completion_bodies(draw: st.DrawFn) -> dict[str, object]:
+    body: dict[str, object] = {
+        "prompt": draw(PROMPTS),
+        "max_tokens": draw(edge(0, 1, 4, 8)),
+        "n": draw(edge(1, 2, 4, 0, 5)),
+        "stream": draw(st.booleans()),
+    }
+    constraint = draw(edge(None, "grammar", "json_schema", "response_format"))
+    if constraint == "grammar":
+        body["grammar"] = draw(st.sampled_from(GRAMMARS))
+    elif constraint == "json_schema":
+        body["json_schema"] = draw(st.sampled_from(SCHEMAS))
+    elif constraint == "response_format":
+        schema = draw(st.sampled_from(SCHEMAS))
+        body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+    if draw(st.booleans()):
+        body["logprobs"] = draw(edge(0, 1, 5, 20, 21))
+        body["echo"] = draw(st.booleans())
+    for name in draw(st.lists(st.sampled_from(sorted(SAMPLERS)), max_size=6, unique=True)):
+        body[name] = draw(SAMPLERS[name])
+    return body
+
+
+@pytest.fixture(scope="module")
+def crash_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with run_server(
+        tmp_path_factory.mktemp("crash"),
+        "--n-ctx",
+        "1024",
+        "--max-n",
+        "4",
+        "--max-sequences",
+        "8",
+    ) as running:
+        yield running
+
+
+def answer(server: RunningServer, body: dict[str, object]) -> int:
+    url = f"{server.api_url}/completions"
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        text = "".join(response.iter_text())
+    if response.status_code >= 400:
+        assert "error" in json.loads(text), text
+    elif body.get("stream"):
+        assert text.rstrip().endswith("data: [DONE]"), text[-500:]
+    return response.status_code
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+@given(body=completion_bodies())
+def test_no_request_crashes_the_server(crash_server: RunningServer, body: dict) -> None:
+    status = answer(crash_server, body)
+    assert status < 500, f"{status} for {json.dumps(body)[:2000]}"
+    assert crash_server.process.poll() is None, crash_server.log()[-3000:]
+    assert httpx.get(f"{crash_server.base_url}/health", timeout=30).status_code == 200

@@ -1,0 +1,83 @@
+"""What a request may ask for, checked before anything reaches llama.cpp (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llama_srb.api.constraints import schema_grammar
+from llama_srb.api.protocol import lone_surrogate_at
+from llama_srb.sampling.grammar import (
+    MAX_GRAMMAR_DEPTH,
+    MAX_GRAMMAR_REPEAT,
+    MAX_GRAMMAR_REPEATS,
+    check_grammar,
+)
+from llama_srb.sampling.params import ParamError, SamplingParams
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        'root ::= "(((((" [(]* "{99999}"  # ( { inside strings, classes and comments',
+        "root ::= " + "(" * MAX_GRAMMAR_DEPTH + '"a"' + ")" * MAX_GRAMMAR_DEPTH,
+        f'root ::= "a"{{0,{MAX_GRAMMAR_REPEAT}}}',
+        'root ::= "\\"(" x\nx ::= [\\]({] "b"',
+    ],
+)
+def test_grammars_within_the_limits_pass(grammar: str) -> None:
+    check_grammar(grammar)
+
+
+@pytest.mark.parametrize(
+    ("grammar", "says"),
+    [
+        ("root ::= " + "(" * (MAX_GRAMMAR_DEPTH + 1) + '"a"', "nests"),
+        (f'root ::= "a"{{{MAX_GRAMMAR_REPEAT + 1}}}', "repeats an item"),
+        (f'root ::= "a"{{2,{MAX_GRAMMAR_REPEAT + 1}}}', "repeats an item"),
+        ('root ::= "a"{0,1000} ' * (MAX_GRAMMAR_REPEATS // 1000 + 1), "add up"),
+        ('root ::= "' + "a" * 70_000 + '"', "characters long"),
+    ],
+)
+def test_grammars_beyond_the_limits_are_refused(grammar: str, says: str) -> None:
+    with pytest.raises(ParamError, match=says):
+        check_grammar(grammar)
+
+
+def test_schema_keywords_that_expand_into_repetition_are_bounded() -> None:
+    nested = {"type": "object", "properties": {"a": {"type": "array", "maxItems": 5000}}}
+    with pytest.raises(ParamError, match="maxItems: 5000"):
+        schema_grammar(nested, "json_schema")
+    schema_grammar({"type": "string", "maxLength": MAX_GRAMMAR_REPEAT}, "json_schema")
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"repeat_last_n": 2**33}, "repeat_last_n"),
+        ({"stop": ("x",) * 65}, "stop"),
+        ({"stop": ("",)}, "stop"),
+        ({"dry_sequence_breakers": ("z" * 65,)}, "dry_sequence_breakers"),
+    ],
+)
+def test_params_out_of_bounds(fields: dict, param: str) -> None:
+    with pytest.raises(ParamError) as raised:
+        SamplingParams(**fields)
+    assert raised.value.param == param
+
+
+def test_model_limits() -> None:
+    SamplingParams(top_k=100).check_model_limits(n_vocab=100, n_ctx=64)
+    with pytest.raises(ParamError, match="top_k"):
+        SamplingParams(top_k=101).check_model_limits(n_vocab=100, n_ctx=64)
+    with pytest.raises(ParamError, match="repeat_last_n"):
+        SamplingParams(repeat_last_n=65).check_model_limits(n_vocab=100, n_ctx=64)
+
+
+def test_lone_surrogates_are_found_anywhere() -> None:
+    assert lone_surrogate_at({"a": ["ok", {"b": "x\ud800"}]}) == "a.1.b"
+    assert lone_surrogate_at({"bias": {"\udfff": 1}}) == "bias.\\udfff"
+    assert lone_surrogate_at({"a": ["fine 🙂"]}) is None
+    deep: object = "\ud800"
+    for _ in range(10_000):  # nesting does not recurse
+        deep = [deep]
+    assert lone_surrogate_at(deep) is not None

@@ -1,0 +1,114 @@
+"""The engine thread's guard, without a model: a failing submission fails its request, and
+a dead engine thread fails every waiting reader at once and makes the server exit."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from llama_srb.api.state import AppState
+from llama_srb.config import Settings
+from llama_srb.engine.generation import EngineDied
+from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.runtime import Runtime
+from llama_srb.engine.sequence import Request, Sequence
+from llama_srb.sampling.params import SamplingParams
+
+
+class Fatal(BaseException):
+    """Not an Exception: escapes the per-step guard, as a broken invariant would."""
+
+
+class FakeEngine:
+    """Just enough engine for the runtime: `add` and `step` misbehave on demand."""
+
+    def __init__(self, add_error: Exception | None = None, step_error: Any = None) -> None:
+        self.ctx = SimpleNamespace(warm_up=lambda token: None)
+        self.model = SimpleNamespace(bos=1)
+        self.add_error, self.step_error = add_error, step_error
+        self.failed: list[str] = []
+        self.requests: list[Request] = []
+
+    def add(self, request: Request) -> None:
+        self.requests.append(request)
+        if self.add_error is not None:
+            raise self.add_error
+
+    def step(self) -> bool:
+        if self.step_error is not None and self.requests:
+            raise self.step_error
+        return False
+
+    def fail(self, request: Request, message: str) -> None:
+        self.failed.append(message)
+        request.sink(RequestOutput(request.request_id, [], 1, 0, finished=True, error=message))
+
+    def fail_all(self, message: str) -> None:
+        self.failed.append(message)
+
+    def abort(self, request_id: str) -> None:
+        pass
+
+
+def make_request() -> Request:
+    return Request("cmpl-1", [1, 2], SamplingParams(), [Sequence(index=0)])
+
+
+def test_a_submission_that_raises_fails_its_request_and_the_engine_keeps_serving() -> None:
+    async def scenario() -> RequestOutput:
+        runtime = Runtime(FakeEngine(add_error=ValueError("bad state")))  # type: ignore[arg-type]
+        runtime.start()
+        try:
+            generation = runtime.generate(make_request(), timeout=10)
+            return await anext(generation)
+        finally:
+            runtime.stop()
+
+    output = asyncio.run(scenario())
+    assert output.finished and output.error == "engine error: bad state"
+
+
+def test_a_dead_engine_thread_fails_every_reader_at_once() -> None:
+    async def scenario() -> tuple[str | None, BaseException]:
+        loop = asyncio.get_running_loop()
+        deaths: asyncio.Queue[str] = asyncio.Queue()
+        engine = FakeEngine(step_error=Fatal("invariant broken"))
+        runtime = Runtime(
+            engine,  # type: ignore[arg-type]
+            on_death=lambda why: loop.call_soon_threadsafe(deaths.put_nowait, why),
+        )
+        runtime.start()
+        generation = runtime.generate(make_request(), timeout=600)
+        reason = await asyncio.wait_for(deaths.get(), 10)
+        runtime.fail_flights(reason)
+        with pytest.raises(EngineDied) as raised:
+            await asyncio.wait_for(anext(generation), 10)  # not after the 600 s timeout
+        runtime.stop()
+        return runtime.died, raised.value
+
+    died, error = asyncio.run(scenario())
+    assert died is not None and "Fatal: invariant broken" in died
+    assert str(error) == died
+
+
+def test_after_the_engine_died_the_server_refuses_work_and_exits() -> None:
+    from llama_srb.api.errors import APIError
+    from llama_srb.api.shutdown import GracefulServer
+
+    async def scenario() -> tuple[APIError, bool]:
+        state = AppState(Settings())
+        state.engine_failure = "the engine stopped: Fatal: x"
+        with pytest.raises(APIError) as refused:
+            state.ready()
+        server = GracefulServer.__new__(GracefulServer)  # no socket: only on_tick is asked
+        server.state = state
+        exits = await server.on_tick(0)
+        state.workers.close()
+        return refused.value, exits
+
+    refused, exits = asyncio.run(scenario())
+    assert refused.status == 503 and refused.code == "engine_failed"
+    assert exits
