@@ -8,7 +8,7 @@ PORT   ?= 9090
 CHROMIUM := /usr/bin/chromium
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: serve test lint bench install
+.PHONY: serve test lint bench install screenshot
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ $(CHROMIUM):
 	@echo ">> installing Debian's chromium for the browser UI test"
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq chromium
+
+# The README's picture of the UI, taken by the browser test (make test never writes it).
+screenshot: $(STAMP) $(CHROMIUM)
+	LLAMA_SRB_SCREENSHOT=docs/ui.png $(PY) -m pytest -q tests/integration/test_ui.py -k generate_pick
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

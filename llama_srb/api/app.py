@@ -16,12 +16,15 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llama_srb.api.body import document_bodies
+from llama_srb.api.chat_protocol import ChatRequest
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import EngineCollector
 from llama_srb.api.middleware import install_middleware
+from llama_srb.api.protocol import CompletionRequest
 from llama_srb.api.routes.chat import chat_router
 from llama_srb.api.routes.completions import completions_router
-from llama_srb.api.routes.tokenize import tokenize_router
+from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest, tokenize_router
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
 
@@ -74,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(v1)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there.
     app.include_router(tokenize_router(state))
+    document_bodies(app, [CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest])
     # The browser UI: static files, no build step; mounted last so API routes win.
     app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app

@@ -68,9 +68,16 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
     kind = first.get("type")
     if kind == "json_invalid":
-        return "the request body is not valid JSON", None
-    if kind == "lone_surrogate":  # protocol.RequestBody: the message names the field
-        return str(first.get("msg")), first.get("ctx", {}).get("where")
+        reason = str(first.get("ctx", {}).get("error", ""))
+        if "surrogate" in reason or "hex escape" in reason:  # JSON allows them, UTF-8 not
+            return (
+                f"the request body holds a lone UTF-16 surrogate such as \\ud800 ({reason}),"
+                " which is not text: send valid Unicode",
+                None,
+            )
+        return f"the request body is not valid JSON ({reason})" if reason else (
+            "the request body is not valid JSON"
+        ), None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if not loc:
         return "the request body must be a JSON object (send Content-Type: application/json)", None

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import fields
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llama_srb.sampling.params import SamplingParams
 
@@ -43,46 +41,7 @@ class ResponseFormat(BaseModel):
     schema_: dict[str, Any] | None = Field(None, alias="schema")
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def lone_surrogate_at(data: object) -> str | None:
-    """The path (`messages.0.content`) of the first string or key in `data` that holds a
-    lone UTF-16 surrogate (JSON allows `"\\ud800"`; UTF-8, and so llama.cpp, does not)."""
-    stack: list[tuple[str, object]] = [("", data)]
-    while stack:  # not recursive: the body's nesting is the client's choice
-        path, value = stack.pop()
-        if isinstance(value, str) and _LONE_SURROGATE.search(value):
-            return path or "body"
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if _LONE_SURROGATE.search(key):  # escaped: the path goes into the error
-                    key = key.encode("utf-8", "backslashreplace").decode()
-                    return f"{path}.{key}" if path else key
-                stack.append((f"{path}.{key}" if path else key, item))
-        elif isinstance(value, list):
-            stack.extend((f"{path}.{i}", item) for i, item in enumerate(value))
-    return None
-
-
-class RequestBody(BaseModel):
-    """Every request body: text that is not valid Unicode is refused before anything reads it."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _valid_unicode(cls, data: object) -> object:
-        where = lone_surrogate_at(data)
-        if where is not None:
-            raise PydanticCustomError(
-                "lone_surrogate",
-                "`{where}` holds a lone UTF-16 surrogate (such as \\ud800), which is not"
-                " text: send valid Unicode",
-                {"where": where},
-            )
-        return data
-
-
-class SamplingFields(RequestBody):
+class SamplingFields(BaseModel):
     """Sampler settings shared by every generation route; unset ones take the defaults
     of `SamplingParams` (llama.cpp's), so each default is declared in one place."""
 

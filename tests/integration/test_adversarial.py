@@ -247,31 +247,27 @@ SURROGATE = "\ud800"
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "param"),
+    ("path", "body"),
     [
-        ("/v1/completions", {"prompt": f"Hi {SURROGATE}"}, "prompt"),
-        ("/v1/completions", {"prompt": "Hi", "model": SURROGATE}, "model"),
-        ("/v1/completions", {"prompt": "Hi", "grammar": f'root ::= "{SURROGATE}"'}, "grammar"),
-        ("/v1/completions", {"prompt": "Hi", "stop": ["a", SURROGATE]}, "stop.1"),
-        ("/v1/completions", {"prompt": "Hi", "logit_bias": {SURROGATE: 1}}, "logit_bias.\\ud800"),
-        ("/tokenize", {"content": SURROGATE}, "content"),
+        ("/v1/completions", {"prompt": f"Hi {SURROGATE}"}),
+        ("/v1/completions", {"prompt": "Hi", "model": SURROGATE}),
+        ("/v1/completions", {"prompt": "Hi", "grammar": f'root ::= "{SURROGATE}"'}),
+        ("/v1/completions", {"prompt": "Hi", "stop": ["a", SURROGATE]}),
+        ("/v1/completions", {"prompt": "Hi", "logit_bias": {SURROGATE: 1}}),
+        ("/tokenize", {"content": SURROGATE}),
         (
             "/v1/chat/completions",
             {"messages": [{"role": "user", "content": SURROGATE}]},
-            "messages.0.content",
         ),
     ],
 )
-def test_a_lone_surrogate_is_a_400_naming_the_field(
-    server: RunningServer, path: str, body: dict, param: str
-) -> None:
+def test_a_lone_surrogate_is_a_400(server: RunningServer, path: str, body: dict) -> None:
     # Sent as the JSON escape, as a client's serializer writes it.
     raw = json.dumps(body).encode()
     response = httpx.post(
         f"{server.base_url}{path}", content=raw, headers={"Content-Type": "application/json"}
     )
-    assert "surrogate" in error_of(response)
-    assert response.json()["error"]["param"] == param
+    assert "lone UTF-16 surrogate" in error_of(response)
 
 
 # -- 9. message content is text, never control tokens ---------------------------------------

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from llama_srb.api.constraints import schema_grammar
-from llama_srb.api.protocol import lone_surrogate_at
 from llama_srb.sampling.grammar import (
     MAX_GRAMMAR_DEPTH,
     MAX_GRAMMAR_REPEAT,
@@ -71,13 +70,3 @@ def test_model_limits() -> None:
         SamplingParams(top_k=101).check_model_limits(n_vocab=100, n_ctx=64)
     with pytest.raises(ParamError, match="repeat_last_n"):
         SamplingParams(repeat_last_n=65).check_model_limits(n_vocab=100, n_ctx=64)
-
-
-def test_lone_surrogates_are_found_anywhere() -> None:
-    assert lone_surrogate_at({"a": ["ok", {"b": "x\ud800"}]}) == "a.1.b"
-    assert lone_surrogate_at({"bias": {"\udfff": 1}}) == "bias.\\udfff"
-    assert lone_surrogate_at({"a": ["fine 🙂"]}) is None
-    deep: object = "\ud800"
-    for _ in range(10_000):  # nesting does not recurse
-        deep = [deep]
-    assert lone_surrogate_at(deep) is not None

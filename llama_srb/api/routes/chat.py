@@ -8,10 +8,12 @@ import re
 import time
 import uuid
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from llama_srb.api.body import body_spec, parsed
 from llama_srb.api.chat_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -50,8 +52,12 @@ def chat_router(state: AppState) -> APIRouter:
     model_name = state.settings.model_name
     templates = TemplateSource(state.settings.chat_template)
 
-    @router.post("/chat/completions", response_model=ChatCompletion)
-    async def chat_completions(body: ChatRequest, http: Request) -> Response:
+    @router.post(
+        "/chat/completions", response_model=ChatCompletion, openapi_extra=body_spec(ChatRequest)
+    )
+    async def chat_completions(
+        body: Annotated[ChatRequest, Depends(parsed(ChatRequest))], http: Request
+    ) -> Response:
         loaded = check_request(state, body, 1)
 
         def prepare() -> EngineRequest:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from llama_srb.api.body import body_spec, parsed
 from llama_srb.api.choices import ChoiceResult, Gathered, gather
 from llama_srb.api.constraints import request_params
 from llama_srb.api.errors import APIError
@@ -41,8 +43,12 @@ def completions_router(state: AppState) -> APIRouter:
     async def models() -> ModelList:
         return ModelList(data=[ModelCard(id=model_name, created=state.created)])
 
-    @router.post("/completions", response_model=Completion)
-    async def completions(body: CompletionRequest, http: Request) -> Response:
+    @router.post(
+        "/completions", response_model=Completion, openapi_extra=body_spec(CompletionRequest)
+    )
+    async def completions(
+        body: Annotated[CompletionRequest, Depends(parsed(CompletionRequest))], http: Request
+    ) -> Response:
         loaded = check_request(state, body, count_prompts(body.prompt))
         model = loaded.model
         scored = body.echo and body.logprobs is not None  # the prompt's logprobs too

@@ -3,15 +3,17 @@ count tokens against the context before they send a prompt."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
+from llama_srb.api.body import body_spec, parsed
 from llama_srb.api.errors import APIError
-from llama_srb.api.protocol import RequestBody
 from llama_srb.api.state import AppState
 
 
-class TokenizeRequest(RequestBody):
+class TokenizeRequest(BaseModel):
     content: str
     add_special: bool = Field(False, description="add the BOS token the model wants, if any")
     parse_special: bool = Field(True, description="read `<start_of_turn>` etc. as one token")
@@ -27,7 +29,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int] | list[TokenPiece]
 
 
-class DetokenizeRequest(RequestBody):
+class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
@@ -38,8 +40,12 @@ class DetokenizeResponse(BaseModel):
 def tokenize_router(state: AppState) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/tokenize", response_model=TokenizeResponse)
-    async def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+    @router.post(
+        "/tokenize", response_model=TokenizeResponse, openapi_extra=body_spec(TokenizeRequest)
+    )
+    async def tokenize(
+        body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))],
+    ) -> TokenizeResponse:
         model = state.ready().model
 
         def run() -> TokenizeResponse:  # megabytes of text take seconds: off the loop
@@ -51,8 +57,14 @@ def tokenize_router(state: AppState) -> APIRouter:
 
         return await state.workers.run(run)
 
-    @router.post("/detokenize", response_model=DetokenizeResponse)
-    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+    @router.post(
+        "/detokenize",
+        response_model=DetokenizeResponse,
+        openapi_extra=body_spec(DetokenizeRequest),
+    )
+    async def detokenize(
+        body: Annotated[DetokenizeRequest, Depends(parsed(DetokenizeRequest))],
+    ) -> DetokenizeResponse:
         model = state.ready().model
         bad = next((t for t in body.tokens if not 0 <= t < model.n_vocab), None)
         if bad is not None:  # llama.cpp would abort the process on it
