@@ -15,6 +15,9 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+
+from llama_srb.api.errors import APIError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -23,7 +26,10 @@ def parsed(model: type[M]) -> Callable[[Request], Awaitable[M]]:
     """A FastAPI dependency: the body as `model`, or a RequestValidationError (a 400)."""
 
     async def parse(http: Request) -> M:
-        raw = await http.body()
+        try:
+            raw = await http.body()
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            raise APIError(499, "the client disconnected") from None
         workers = http.app.state.srb.workers
         try:
             return await workers.run(lambda: model.model_validate_json(raw))

@@ -96,7 +96,11 @@ def _check_repetitions(schema: object, param: str) -> None:
         if isinstance(node, dict):
             for key in _REPEATING_KEYWORDS:
                 value = node.get(key)
-                if isinstance(value, int) and value > MAX_GRAMMAR_REPEAT:
+                if value is None:
+                    continue
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ParamError(param, f"`{key}` in the JSON schema must be an integer ≥ 0")
+                if value > MAX_GRAMMAR_REPEAT:
                     raise ParamError(
                         param,
                         f"`{key}: {value}` in the JSON schema is too large: at most"

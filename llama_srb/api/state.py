@@ -15,7 +15,7 @@ from llama_srb.engine.loader import LoadedEngine, load_engine
 
 log = logging.getLogger(__name__)
 
-PREPARE_WORKERS = 2  # requests prepared at once; each job is short or bounded by limits
+PREPARE_WORKERS = 4  # requests prepared at once; each job is bounded by the request limits
 
 
 @dataclass

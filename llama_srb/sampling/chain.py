@@ -12,7 +12,7 @@ import ctypes
 
 import llama_cpp as C
 
-from llama_srb.engine.native import Model
+from llama_srb.engine.native import Model, NativeError
 from llama_srb.sampling.grammar import ConstrainedChain, clone_grammar, parse_grammar
 from llama_srb.sampling.params import SamplingParams
 
@@ -36,63 +36,60 @@ class SamplerChain:
 def build_chains(
     model: Model, params: SamplingParams, seeds: list[int]
 ) -> list[SamplerChain | ConstrainedChain]:
-    """One chain per branch; `seeds[i]` is already `base seed + choice index`. A grammar
-    is parsed once and cloned for each branch (parsing is the costly part). Raises
-    ParamError when the grammar does not parse."""
-    bias = _bias_array(params.logit_bias)
-    grammar = parse_grammar(model, params.grammar) if params.grammar is not None else None
+    """One chain per branch; `seeds[i]` is already `base seed + choice index`.
+
+    What does not depend on the seed (bias, penalties, DRY, the filters) is built once and
+    cloned for each branch, which then gets its seeded samplers: DRY's setup scans the
+    vocabulary for every sequence breaker (~50 ms each here), and cloning copies the
+    result. A grammar is parsed once and cloned the same way. Raises ParamError when the
+    grammar does not parse.
+    """
+    shared = _chain(_unseeded_samplers(model, params))
+    grammar = None
     chains: list[SamplerChain | ConstrainedChain] = []
     try:
+        grammar = parse_grammar(model, params.grammar) if params.grammar is not None else None
         for seed in seeds:
-            plain = _build_chain(model, params, seed, bias)
-            chains.append(plain)  # owned by the list from here: closed if a later step fails
+            chain = _clone(shared)
+            chains.append(chain)  # owned by the list from here: closed if a later step fails
+            for sampler in _seeded_samplers(model, params, seed & 0xFFFFFFFF):
+                C.llama_sampler_chain_add(chain.ptr, sampler)  # the chain takes ownership
             if grammar is not None:
-                chains[-1] = ConstrainedChain(plain, clone_grammar(grammar), model.n_vocab)
+                chains[-1] = ConstrainedChain(chain, clone_grammar(grammar), model.n_vocab)
     except BaseException:
-        for chain in chains:
-            chain.close()
+        for built in chains:
+            built.close()
         raise
     finally:
+        shared.close()
         if grammar is not None:
             C.llama_sampler_free(grammar)
     return chains
 
 
-def _bias_array(pairs: tuple[tuple[int, float], ...]) -> ctypes.Array[C.llama_logit_bias] | None:
-    """The request's logit bias as a C array, built once: llama.cpp copies it per chain."""
-    if not pairs:
-        return None
-    return (C.llama_logit_bias * len(pairs))(*(C.llama_logit_bias(t, b) for t, b in pairs))
-
-
-def _build_chain(
-    model: Model,
-    params: SamplingParams,
-    seed: int,
-    bias: ctypes.Array[C.llama_logit_bias] | None,
-) -> SamplerChain:
+def _chain(samplers: list[C.llama_sampler_p]) -> SamplerChain:
     chain_params = C.llama_sampler_chain_default_params()
     chain_params.no_perf = True
-    ptr = C.llama_sampler_chain_init(chain_params)
-    chain = SamplerChain(ptr)
-    try:
-        for sampler in _samplers(model, params, seed & 0xFFFFFFFF, bias):
-            C.llama_sampler_chain_add(ptr, sampler)  # the chain takes ownership
-    except BaseException:
-        chain.close()
-        raise
+    chain = SamplerChain(C.llama_sampler_chain_init(chain_params))
+    for sampler in samplers:
+        C.llama_sampler_chain_add(chain.ptr, sampler)  # the chain takes ownership
     return chain
 
 
-def _samplers(
-    model: Model,
-    p: SamplingParams,
-    seed: int,
-    bias: ctypes.Array[C.llama_logit_bias] | None,
-) -> list[C.llama_sampler_p]:
+def _clone(chain: SamplerChain) -> SamplerChain:
+    clone = C.llama_sampler_clone(chain.ptr)
+    if not clone:
+        raise NativeError("llama_sampler_clone failed")
+    return SamplerChain(clone)
+
+
+def _unseeded_samplers(model: Model, p: SamplingParams) -> list[C.llama_sampler_p]:
+    """The chain up to its first seeded sampler, in llama.cpp's order."""
     out: list[C.llama_sampler_p] = []
-    if bias is not None:
-        out.append(C.llama_sampler_init_logit_bias(model.n_vocab, len(bias), bias))
+    if p.logit_bias:
+        pairs = [C.llama_logit_bias(token, bias) for token, bias in p.logit_bias]
+        array = (C.llama_logit_bias * len(pairs))(*pairs)
+        out.append(C.llama_sampler_init_logit_bias(model.n_vocab, len(pairs), array))
     if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
         last_n = model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n
         out.append(
@@ -102,7 +99,7 @@ def _samplers(
         )
     if p.dry_multiplier > 0.0:
         breakers = [b.encode() for b in p.dry_sequence_breakers]
-        array = (ctypes.c_char_p * len(breakers))(*breakers)
+        breaker_array = (ctypes.c_char_p * len(breakers))(*breakers)
         # This build's DRY takes no context size, so -1 ("the whole context") is resolved
         # here, to the training context as llama.cpp's own server does.
         last_n = model.n_ctx_train if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n
@@ -113,22 +110,11 @@ def _samplers(
                 p.dry_base,
                 p.dry_allowed_length,
                 last_n,
-                array,
+                breaker_array,
                 len(breakers),
             )
         )
-    if p.greedy:
-        out.append(C.llama_sampler_init_greedy())
-        return out
-    if p.mirostat == 1:
-        out.append(C.llama_sampler_init_temp(p.temperature))
-        out.append(
-            C.llama_sampler_init_mirostat(model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
-        )
-        return out
-    if p.mirostat == 2:
-        out.append(C.llama_sampler_init_temp(p.temperature))
-        out.append(C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
+    if p.greedy or p.mirostat:
         return out
     if p.top_n_sigma > 0.0:
         out.append(C.llama_sampler_init_top_n_sigma(p.top_n_sigma))
@@ -140,6 +126,22 @@ def _samplers(
         out.append(C.llama_sampler_init_top_p(p.top_p, 1))
     if p.min_p > 0.0:
         out.append(C.llama_sampler_init_min_p(p.min_p, 1))
+    return out
+
+
+def _seeded_samplers(model: Model, p: SamplingParams, seed: int) -> list[C.llama_sampler_p]:
+    """The rest of the chain: XTC, temperature and the pick (greedy, mirostat or dist)."""
+    if p.greedy:
+        return [C.llama_sampler_init_greedy()]
+    if p.mirostat == 1:
+        mirostat = C.llama_sampler_init_mirostat(
+            model.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100
+        )
+        return [C.llama_sampler_init_temp(p.temperature), mirostat]
+    if p.mirostat == 2:
+        mirostat = C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta)
+        return [C.llama_sampler_init_temp(p.temperature), mirostat]
+    out: list[C.llama_sampler_p] = []
     if p.xtc_probability > 0.0:
         out.append(C.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, 1, seed))
     out.append(C.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent))

@@ -58,9 +58,9 @@ def check_grammar(text: str) -> None:
         if c == '"' or c == "[":
             i = _skip_quoted(text, i, '"' if c == '"' else "]")
             continue
-        if c == "#":
-            end = text.find("\n", i)
-            i = n if end < 0 else end
+        if c == "#":  # a comment ends at a line break, \r included, as llama.cpp reads it
+            ends = [e for e in (text.find("\n", i), text.find("\r", i)) if e >= 0]
+            i = min(ends, default=n)
             continue
         if c == "(":
             depth += 1

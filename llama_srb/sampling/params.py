@@ -14,7 +14,7 @@ DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 # strings on each token, and llama.cpp's DRY sampler keeps its breakers per branch.
 MAX_STOPS = 64
 MAX_STOP_CHARS = 512
-MAX_DRY_BREAKERS = 64
+MAX_DRY_BREAKERS = 16  # DRY's setup scans the vocabulary once per breaker
 MAX_DRY_BREAKER_CHARS = 64
 INT32_MAX = 2**31 - 1  # the C type of every integer parameter but the seed
 

@@ -35,6 +35,7 @@ def test_grammars_within_the_limits_pass(grammar: str) -> None:
         (f'root ::= "a"{{2,{MAX_GRAMMAR_REPEAT + 1}}}', "repeats an item"),
         ('root ::= "a"{0,1000} ' * (MAX_GRAMMAR_REPEATS // 1000 + 1), "add up"),
         ('root ::= "' + "a" * 70_000 + '"', "characters long"),
+        ('root ::= "a"\n# a comment ends at \r too\rx ::= "a"{0,5000}', "repeats an item"),
     ],
 )
 def test_grammars_beyond_the_limits_are_refused(grammar: str, says: str) -> None:
@@ -47,6 +48,9 @@ def test_schema_keywords_that_expand_into_repetition_are_bounded() -> None:
     with pytest.raises(ParamError, match="maxItems: 5000"):
         schema_grammar(nested, "json_schema")
     schema_grammar({"type": "string", "maxLength": MAX_GRAMMAR_REPEAT}, "json_schema")
+    for odd in (1e9, "1000", -1, True):
+        with pytest.raises(ParamError, match="must be an integer"):
+            schema_grammar({"type": "array", "maxItems": odd}, "json_schema")
 
 
 @pytest.mark.parametrize(
