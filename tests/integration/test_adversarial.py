@@ -194,7 +194,9 @@ def test_health_answers_while_a_huge_tokenize_is_in_progress(server: RunningServ
 
     def tokenize() -> None:
         try:
-            post(server, "/tokenize", {"content": content}).raise_for_status()
+            # Plain text: special tokens are parsed only in texts that can fit the context.
+            body = {"content": content, "parse_special": False}
+            post(server, "/tokenize", body).raise_for_status()
         finally:
             done.set()
 
@@ -223,6 +225,24 @@ def test_per_branch_lists_are_capped(
 ) -> None:
     body = {"prompt": STORY, "max_tokens": 2, "n": 8, field: value}
     assert limit in error_of(post(server, "/v1/completions", body))
+
+
+def test_a_text_that_cannot_fit_is_refused_before_the_quadratic_special_token_pass(
+    server: RunningServer, chat_server: RunningServer
+) -> None:
+    specials = "<start_of_turn>" * 100_000  # 1.5 MB: minutes in llama.cpp's tokenizer
+    for target, path, body in [
+        (server, "/v1/completions", {"prompt": specials}),
+        (server, "/tokenize", {"content": specials}),
+        (
+            chat_server,
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": specials}]},
+        ),
+    ]:
+        response = post(target, path, body)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
 # -- 7. prompt lists count against --max-queue, as their prompts -----------------------------
@@ -333,9 +353,7 @@ def test_a_client_that_leaves_before_its_body_arrives_is_not_a_500(
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
     time.sleep(0.5)
     assert server.log().count("Traceback") == before, server.log()[-3000:]
-    assert not any(
-        "status=\"500\"" in name and value for name, value in server.metrics().items()
-    )
+    assert not any('status="500"' in name and value for name, value in server.metrics().items())
 
 
 # -- 13. with keys set, the key check comes first and covers the docs -----------------------

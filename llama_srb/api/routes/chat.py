@@ -26,7 +26,7 @@ from llama_srb.api.choices import ChoiceResult, gather
 from llama_srb.api.constraints import request_params
 from llama_srb.api.errors import APIError
 from llama_srb.api.logprob_format import Piece, chat_logprobs
-from llama_srb.api.prompts import merge
+from llama_srb.api.prompts import MAX_BYTES_PER_TOKEN, merge
 from llama_srb.api.serving import (
     build,
     check_request,
@@ -61,7 +61,7 @@ def chat_router(state: AppState) -> APIRouter:
         loaded = check_request(state, body, 1)
 
         def prepare() -> EngineRequest:
-            prompt = chat_prompt(loaded.model, templates.get(loaded.model), body)
+            prompt = chat_prompt(loaded.model, templates.get(loaded.model), body, loaded.n_ctx)
             params = chat_params(body, loaded.model, len(prompt), loaded.n_ctx)
             return build(loaded, body.n, prompt, params, "chatcmpl")
 
@@ -127,9 +127,18 @@ def _special(model: Model, token: int) -> str:
     return model.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""
 
 
-def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest) -> list[int]:
+def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest, n_ctx: int) -> list[int]:
     """The rendered conversation as tokens, with exactly one BOS where the model wants one."""
     messages = [{"role": m.role, "content": m.content or ""} for m in body.messages]
+    size = sum(len(m["content"].encode("utf-8", "replace")) for m in messages)
+    if size > n_ctx * MAX_BYTES_PER_TOKEN:
+        raise APIError(
+            400,
+            f"the messages hold {size} bytes: more than fits in this server's context of"
+            f" {n_ctx} tokens",
+            param="messages",
+            code="context_length_exceeded",
+        )
     tokens = _tokenize_turns(model, template, messages)
     # Templates usually write the BOS themselves (`{{ bos_token }}`): add it only if not.
     if model.add_bos and model.bos >= 0 and tokens[:1] != [model.bos]:

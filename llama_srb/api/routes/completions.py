@@ -55,7 +55,7 @@ def completions_router(state: AppState) -> APIRouter:
 
         def prepare() -> tuple[list[Prompt], list[EngineRequest]]:
             params = request_params(body, model, loaded.n_ctx, logprobs=body.logprobs)
-            prompts = parse_prompts(body.prompt, model)
+            prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
             return prompts, build_all(loaded, body.n, prompts, params, "cmpl", scored)
 
         prompts, requests = await state.workers.run(prepare, lambda built: discard(built[1]))

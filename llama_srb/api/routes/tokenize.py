@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from llama_srb.api.body import body_spec, parsed
 from llama_srb.api.errors import APIError
+from llama_srb.api.prompts import tokenize_text
 from llama_srb.api.state import AppState
 
 
@@ -46,10 +47,16 @@ def tokenize_router(state: AppState) -> APIRouter:
     async def tokenize(
         body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))],
     ) -> TokenizeResponse:
-        model = state.ready().model
+        loaded = state.ready()
+        model = loaded.model
 
         def run() -> TokenizeResponse:  # megabytes of text take seconds: off the loop
-            tokens = model.tokenize(body.content, body.add_special, body.parse_special)
+            if body.parse_special:  # llama.cpp's special-token pass is the costly one
+                tokens = tokenize_text(
+                    model, body.content, loaded.n_ctx, "content", body.add_special
+                )
+            else:
+                tokens = model.tokenize(body.content, body.add_special, parse_special=False)
             if not body.with_pieces:
                 return TokenizeResponse(tokens=tokens)
             pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
