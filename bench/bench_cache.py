@@ -11,9 +11,10 @@ and what idle cached cells cost.
    and prompt tokens from the cache of each step. All walks share one server, in order.
 3. Writers: --writers writers on stories of --writer-words words take turns, each doing
    the four steps of a tree walk: time to first token and the cached share of each step.
-4. Cache tax: with FILL idle cached cells (unrelated stories), the llama_decode time of a
-   decode step of an n=8 request and of a 512-token prefill chunk (from /metrics), against
-   an empty cache; and what reading those stories cold again would cost.
+4. Cache tax: the llama_decode time of a decode step of an n=8 request and of a 512-token
+   prefill chunk (from /metrics, best of --tax-repeat probes) with an empty cache, then
+   after each of --tax-stories (unrelated stories, in tokens) is parked; against what a
+   hit on that story saves (read cold, then again from the cache).
 
 Each part runs on a server of its own with the default settings (but --n-ctx, if given).
 """
@@ -190,10 +191,11 @@ def writers(client: Client, count: int, words: int, new_tokens: int) -> list[lis
 
 @dataclass
 class TaxRow:
-    cells: float
+    cells: float  # idle cached cells while the probes ran (their mean)
     decode_step: float  # seconds of llama_decode per step of an n=8 request
     prefill_chunk: float  # seconds of llama_decode per 512-token prefill chunk
-    reread: float  # seconds it took to read the cached stories cold
+    story: Step | None = None  # the story parked before this row, read cold
+    story_cached: Step | None = None  # the same story again, from the cache
 
 
 def decode_time(server: RunningServer, action: Callable[[], object]) -> tuple[float, float]:
@@ -207,23 +209,44 @@ def decode_time(server: RunningServer, action: Callable[[], object]) -> tuple[fl
     )
 
 
-def cache_tax(server: RunningServer, client: Client, fills: list[int]) -> list[TaxRow]:
-    rows, reread = [], 0.0
-    for fill in fills:
-        # Park unrelated stories (4,000 tokens at most each) until the cache holds `fill`.
-        while (cached := server.metric("llama_srb_kv_cells_cached")) < fill - 300:
-            words = words_for(client, min(4000, fill - int(cached)))
-            started = time.perf_counter()
-            client.complete(story(words), 1, 1)
-            reread += time.perf_counter() - started
-        cells = server.metric("llama_srb_kv_cells_cached")
-        seconds, steps = decode_time(server, partial(client.complete, story(10), 8, 64))
-        step = seconds / steps
-        # Token ids, so the prompt is two full chunks and the last token exactly.
-        chunks = client.tokenize(story(2 * PREFILL_CHUNK))[: 2 * PREFILL_CHUNK + 1]
-        seconds, _ = decode_time(server, partial(client.complete, chunks, 1, 1))
-        rows.append(TaxRow(cells, step, (seconds - step) / 2, reread))
-        print(f"  tax at {cells:.0f} cached cells done", file=sys.stderr, flush=True)
+def decode_step(server: RunningServer, client: Client) -> float:
+    """Seconds of llama_decode per step of a fresh n=8 request (32 tokens per branch)."""
+    seconds, steps = decode_time(server, partial(client.complete, story(10), 8, 32))
+    return seconds / steps
+
+
+def prefill_chunk(server: RunningServer, client: Client, step: float) -> float:
+    """Seconds of llama_decode for a 512-token chunk of a fresh prompt."""
+    # Token ids: exactly one full chunk, then the last token in a step of its own.
+    chunk = client.tokenize(story(PREFILL_CHUNK))[: PREFILL_CHUNK + 1]
+    seconds, _ = decode_time(server, partial(client.complete, chunk, 1, 1))
+    return seconds - step
+
+
+def tax_row(server: RunningServer, client: Client, repeat: int) -> TaxRow:
+    """The probes, best of `repeat` each (they park a few hundred cells of their own)."""
+    cells, steps, chunks = [], [], []
+    for _ in range(repeat):
+        cells.append(server.metric("llama_srb_kv_cells_cached"))
+        steps.append(decode_step(server, client))
+        chunks.append(prefill_chunk(server, client, steps[-1]))
+    return TaxRow(sum(cells) / repeat, min(steps), min(chunks))
+
+
+def cache_tax(
+    server: RunningServer, client: Client, stories: list[int], repeat: int
+) -> list[TaxRow]:
+    """Probe an empty cache, then park unrelated stories of `stories` tokens one by one,
+    each read cold and then once more from the cache, probing after each."""
+    rows = [tax_row(server, client, repeat)]
+    for tokens in stories:
+        text = story(words_for(client, tokens))
+        cold = client.stream(f"{tokens:,}", text, 1, 1)[0]
+        cached = client.stream(f"{tokens:,}", text, 1, 1)[0]
+        row = tax_row(server, client, repeat)
+        row.story, row.story_cached = cold, cached
+        rows.append(row)
+        print(f"  tax at {row.cells:.0f} cached cells done", file=sys.stderr, flush=True)
     return rows
 
 
@@ -264,18 +287,25 @@ def print_writers(table: list[list[Step]], words: int, new_tokens: int) -> None:
 
 
 def print_tax(rows: list[TaxRow]) -> None:
-    print("\nCache tax: llama_decode time per step with idle cached cells (unrelated stories)\n")
+    print("\nCache tax: llama_decode time per step with idle cached cells (unrelated stories),")
+    print("against what a hit on the story parked last saves (time to first token)\n")
     print(
         "| idle cached cells | decode step, n=8 | vs empty | 512-token prefill chunk | vs empty "
-        "| reading the cached stories cold |"
+        "| story parked last | read cold | from the cache |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     base = rows[0]
     for r in rows:
+        parked = "– | – | –"
+        if r.story is not None and r.story_cached is not None:
+            parked = (
+                f"{r.story.prompt_tokens:,} tokens | {r.story.ttft:.1f} s "
+                f"| {r.story_cached.ttft:.3f} s"
+            )
         print(
             f"| {r.cells:,.0f} | {r.decode_step * 1000:.1f} ms | "
             f"{r.decode_step / base.decode_step:.2f} | {r.prefill_chunk * 1000:.0f} ms | "
-            f"{r.prefill_chunk / base.prefill_chunk:.2f} | {r.reread:.1f} s |"
+            f"{r.prefill_chunk / base.prefill_chunk:.2f} | {parked} |"
         )
 
 
@@ -289,7 +319,8 @@ def main() -> None:
     parser.add_argument("--end-fraction", type=float, default=0.75)
     parser.add_argument("--writers", type=int, default=3)
     parser.add_argument("--writer-words", type=int, default=3000)
-    parser.add_argument("--fill", default="0,4096,8192,16384,24576")
+    parser.add_argument("--tax-stories", default="4000,4000,6000,8000", help="tokens each")
+    parser.add_argument("--tax-repeat", type=int, default=2, help="best of this many probes")
     args = parser.parse_args()
     parts = args.parts.split(",")
 
@@ -311,8 +342,8 @@ def main() -> None:
             printers.append(lambda: print_writers(turns, args.writer_words, args.new_tokens))
         if "tax" in parts:
             with server(tmp, args.n_ctx) as (running, client):
-                fills = [int(x) for x in args.fill.split(",")]
-                tax = cache_tax(running, client, fills)
+                stories = [int(x) for x in args.tax_stories.split(",")]
+                tax = cache_tax(running, client, stories, args.tax_repeat)
             printers.append(lambda: print_tax(tax))
     for print_part in printers:
         print_part()

@@ -18,6 +18,7 @@ import pytest
 
 from llama_srb.sampling.grammar import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_DEPTH
 from llama_srb.testing import RunningServer, run_server
+from tests.integration.conftest import CHAT_TEMPLATE
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 GRAMMAR_A = 'root ::= "a"'
@@ -52,6 +53,21 @@ SAMPLER_VALUES: dict[str, object] = {
     "stop": ["\n\n", "END"],
     "logit_bias": {"1000": -100},
 }
+
+
+# Servers of this module's own: it sends hundreds of odd requests, and the shared servers'
+# prefix caches should not carry their paths into other modules' tests.
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    with run_server(tmp_path_factory.mktemp("adversarial"), "--n-ctx", "8192") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp("adversarial_chat")
+    with run_server(tmp, "--n-ctx", "4096", "--chat-template", str(CHAT_TEMPLATE)) as running:
+        yield running
 
 
 def post(server: RunningServer, path: str, body: object, **kwargs: object) -> httpx.Response:
