@@ -24,3 +24,22 @@ def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSer
     tmp = tmp_path_factory.mktemp("chat_server")
     with run_server(tmp, "--n-ctx", "4096", "--chat-template", str(CHAT_TEMPLATE)) as running:
         yield running
+
+
+@pytest.fixture(scope="session")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """A small server for the fuzzers (test_fuzz.py, test_crash_fuzz.py): a small context
+    and `n`, so that what they generate is refused or served quickly."""
+    with run_server(
+        tmp_path_factory.mktemp("fuzz"),
+        "--n-ctx",
+        "1024",
+        "--max-n",
+        "4",
+        "--max-sequences",
+        "8",
+        "--request-timeout",
+        "120",
+    ) as running:
+        yield running
+    assert running.process.poll() is None or running.process.returncode == 0

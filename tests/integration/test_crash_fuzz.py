@@ -9,15 +9,13 @@ Bounded for CI: a fixed number of examples, short outputs, a small context.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from llama_srb.testing import RunningServer, run_server
+from llama_srb.testing import RunningServer
 
 EXAMPLES = 80
 
@@ -109,20 +107,6 @@ def completion_bodies(draw: st.DrawFn) -> dict[str, object]:
     return body
 
 
-@pytest.fixture(scope="module")
-def crash_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(
-        tmp_path_factory.mktemp("crash"),
-        "--n-ctx",
-        "1024",
-        "--max-n",
-        "4",
-        "--max-sequences",
-        "8",
-    ) as running:
-        yield running
-
-
 def answer(server: RunningServer, body: dict[str, object]) -> int:
     url = f"{server.api_url}/completions"
     with httpx.stream("POST", url, json=body, timeout=120) as response:
@@ -142,8 +126,8 @@ def answer(server: RunningServer, body: dict[str, object]) -> int:
     suppress_health_check=list(HealthCheck),
 )
 @given(body=completion_bodies())
-def test_no_request_crashes_the_server(crash_server: RunningServer, body: dict) -> None:
-    status = answer(crash_server, body)
+def test_no_request_crashes_the_server(fuzz_server: RunningServer, body: dict) -> None:
+    status = answer(fuzz_server, body)
     assert status < 500, f"{status} for {json.dumps(body)[:2000]}"
-    assert crash_server.process.poll() is None, crash_server.log()[-3000:]
-    assert httpx.get(f"{crash_server.base_url}/health", timeout=30).status_code == 200
+    assert fuzz_server.process.poll() is None, fuzz_server.log()[-3000:]
+    assert httpx.get(f"{fuzz_server.base_url}/health", timeout=30).status_code == 200

@@ -8,7 +8,6 @@ max_tokens clamped, a fixed number of examples per route, derandomized.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,27 +17,10 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from llama_srb.testing import RunningServer, run_server
+from llama_srb.testing import RunningServer
 
 MAX_TOKENS = 8  # keeps every generated request to a fraction of a second
 EXAMPLES = {GenerationMode.POSITIVE: 30, GenerationMode.NEGATIVE: 20}  # per POST route
-
-
-@pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    with run_server(
-        tmp_path_factory.mktemp("fuzz"),
-        "--n-ctx",
-        "1024",
-        "--max-n",
-        "4",
-        "--max-sequences",
-        "8",
-        "--request-timeout",
-        "120",
-    ) as running:
-        yield running
-    assert running.process.poll() is None or running.process.returncode == 0
 
 
 def clamp(body: object) -> None:
