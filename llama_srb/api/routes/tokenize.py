@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
+from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from llama_srb.api.body import body_spec, parsed
@@ -46,11 +47,11 @@ def tokenize_router(state: AppState) -> APIRouter:
     )
     async def tokenize(
         body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))],
-    ) -> TokenizeResponse:
+    ) -> Response:
         loaded = state.ready()
         model = loaded.model
 
-        def run() -> TokenizeResponse:  # megabytes of text take seconds: off the loop
+        def run() -> Response:  # megabytes of text take seconds: off the loop, JSON included
             if body.parse_special:  # llama.cpp's special-token pass is the costly one
                 tokens = tokenize_text(
                     model, body.content, loaded.n_ctx, "content", body.add_special
@@ -58,9 +59,9 @@ def tokenize_router(state: AppState) -> APIRouter:
             else:
                 tokens = model.tokenize(body.content, body.add_special, parse_special=False)
             if not body.with_pieces:
-                return TokenizeResponse(tokens=tokens)
+                return _json(TokenizeResponse(tokens=tokens))
             pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
-            return TokenizeResponse(tokens=pieces)
+            return _json(TokenizeResponse(tokens=pieces))
 
         return await state.workers.run(run)
 
@@ -71,18 +72,25 @@ def tokenize_router(state: AppState) -> APIRouter:
     )
     async def detokenize(
         body: Annotated[DetokenizeRequest, Depends(parsed(DetokenizeRequest))],
-    ) -> DetokenizeResponse:
+    ) -> Response:
         model = state.ready().model
-        bad = next((t for t in body.tokens if not 0 <= t < model.n_vocab), None)
-        if bad is not None:  # llama.cpp would abort the process on it
-            raise APIError(
-                400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", "tokens"
-            )
-        return DetokenizeResponse(
-            content=await state.workers.run(lambda: model.detokenize(body.tokens))
-        )
+
+        def run() -> Response:
+            bad = next((t for t in body.tokens if not 0 <= t < model.n_vocab), None)
+            if bad is not None:  # llama.cpp would abort the process on it
+                raise APIError(
+                    400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", "tokens"
+                )
+            return _json(DetokenizeResponse(content=model.detokenize(body.tokens)))
+
+        return await state.workers.run(run)
 
     return router
+
+
+def _json(model: BaseModel) -> Response:
+    """The response, serialized here (on a worker): it may be megabytes of token ids."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 def _piece(raw: bytes) -> str | list[int]:
