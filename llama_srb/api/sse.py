@@ -44,15 +44,20 @@ class _Stream:
             payload["usage"] = usage
         return sse(payload)
 
+    def _each(self, choices: list[dict[str, object]]) -> str:
+        """One chunk per choice, as OpenAI and llama.cpp's server send them: clients such as
+        SillyTavern read only `choices[0]` of each event and route it by its `index`."""
+        return "".join(self._chunk([choice]) for choice in choices)
+
     def _usage(self, usage: UsageTally) -> str:
         return self._chunk([], usage.usage().model_dump())
 
 
 @dataclass
 class CompletionStream(_Stream):
-    """SSE events of a /v1/completions stream: with `echo`, each prompt's text first; then
-    one chunk per engine step of each prompt (its choices that advanced), a usage chunk on
-    request, then `[DONE]`."""
+    """SSE events of a /v1/completions stream: with `echo`, each prompt's text first; then,
+    per engine step, one chunk for each choice that advanced; a usage chunk on request,
+    then `[DONE]`."""
 
     prompts: Sequence[Prompt] = ()
     echo: bool = False
@@ -69,7 +74,7 @@ class CompletionStream(_Stream):
                 break
             if self.echo and position not in echoed:
                 echoed.add(position)
-                yield self._chunk(self._echo(position, out))
+                yield self._each(self._echo(position, out))
             usage.add(position, out)
             choices = [
                 self._choice(position, d)
@@ -77,7 +82,7 @@ class CompletionStream(_Stream):
                 if d.text or d.finish_reason is not None or d.logprobs
             ]
             if choices:
-                yield self._chunk(choices)
+                yield self._each(choices)
         if self.include_usage and usage.latest:
             yield self._usage(usage)
         yield DONE
@@ -118,7 +123,7 @@ class ChatStream(_Stream):
     object_name = "chat.completion.chunk"
 
     async def events(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
-        yield self._chunk(
+        yield self._each(
             [self._entry(i, {"role": "assistant", "content": ""}) for i in range(self.n)]
         )
         usage = UsageTally()
@@ -133,14 +138,14 @@ class ChatStream(_Stream):
                 if d.text or d.logprobs
             ]
             if content:
-                yield self._chunk(content)
+                yield self._each(content)
             ended = [
                 self._entry(d.index, {}, reason=d.finish_reason.value)
                 for d in out.choices
                 if d.finish_reason is not None
             ]
             if ended:
-                yield self._chunk(ended)
+                yield self._each(ended)
         if self.include_usage and usage.latest:
             yield self._usage(usage)
         yield DONE
