@@ -12,8 +12,8 @@ import time
 import llama_cpp as C
 
 from llama_srb.config import Settings
-from llama_srb.engine.loader import context_options, model_options
-from llama_srb.engine.native import Batch, Context, Model
+from llama_srb.engine.loader import model_options, open_context
+from llama_srb.engine.native import Batch, Model
 
 
 def default_chain(seed: int) -> C.llama_sampler_p:
@@ -32,7 +32,7 @@ def default_chain(seed: int) -> C.llama_sampler_p:
 class RawLoop:
     def __init__(self, settings: Settings) -> None:
         self.model = Model(settings.resolved_model_path(), model_options(settings))
-        self.ctx = Context(self.model, context_options(settings))
+        self.ctx = open_context(self.model, settings)  # the context the server would get
         self.batch = Batch(self.ctx.n_batch)
 
     def run(self, prompt: list[int], n: int, new_tokens: int) -> float:
