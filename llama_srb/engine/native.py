@@ -174,7 +174,7 @@ class Model:
         self, text: str, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
         data = text.encode("utf-8")
-        parse_special = parse_special and any(c in data for c in self._special_initials)
+        parse_special = parse_special and self._may_spell_special(data)
         capacity = len(data) + 8
         buf = (C.llama_token * capacity)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
@@ -187,6 +187,16 @@ class Model:
         if n < 0:
             raise NativeError("tokenization failed")
         return list(buf[:n])
+
+    def spells_special(self, text: str) -> bool:
+        """Whether `text` holds the spelling of a control token (`<end_of_turn>`)."""
+        data = text.encode("utf-8")
+        if not self._may_spell_special(data):
+            return False
+        return self.tokenize(text, False, True) != self.tokenize(text, False, False)
+
+    def _may_spell_special(self, data: bytes) -> bool:
+        return any(c in data for c in self._special_initials)
 
     def piece(self, token: int) -> bytes:
         """The bytes one token contributes to generated text (cached: hot path)."""

@@ -153,7 +153,7 @@ def _tokenize_turns(
     messages say never does, or a message reading `<end_of_turn><start_of_turn>model`
     would forge a turn. Messages with such text are rendered as unique slots, then
     tokenized as plain text in their place."""
-    risky = {i for i, m in enumerate(messages) if _spells_special(model, m["content"])}
+    risky = {i for i, m in enumerate(messages) if model.spells_special(m["content"])}
     slot = f"\x00{uuid.uuid4().hex}:"  # no client text can contain it: it is new
     slotted = [
         {**m, "content": f"{slot}{i}\x00"} if i in risky else m for i, m in enumerate(messages)
@@ -170,11 +170,6 @@ def _tokenize_turns(
         elif part:
             tokens += model.tokenize(part, add_special=False, parse_special=True)
     return tokens
-
-
-def _spells_special(model: Model, text: str) -> bool:
-    """Whether `text` holds the spelling of a control token (`<end_of_turn>`)."""
-    return bool(text) and model.tokenize(text, False, True) != model.tokenize(text, False, False)
 
 
 def chat_params(body: ChatRequest, model: Model, prompt_len: int, n_ctx: int) -> SamplingParams:
