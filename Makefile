@@ -4,8 +4,10 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 9090
-# The browser UI test drives Debian's chromium; installed once, never downloaded by a tool.
+# The browser UI test drives Debian's chromium and the scale-out test Debian's nginx;
+# installed once, never downloaded by a tool.
 CHROMIUM := /usr/bin/chromium
+NGINX    := /usr/sbin/nginx
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: serve test lint bench install screenshot
@@ -29,13 +31,18 @@ $(STAMP): pyproject.toml Makefile
 serve: $(STAMP)
 	$(VENV)/bin/llama-srb serve --port $(PORT)
 
-test: $(STAMP) $(CHROMIUM)
+test: $(STAMP) $(CHROMIUM) $(NGINX)
 	$(PY) -m pytest -q
 
 $(CHROMIUM):
 	@echo ">> installing Debian's chromium for the browser UI test"
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq chromium
+
+$(NGINX):
+	@echo ">> installing Debian's nginx for the scale-out test (deploy/nginx.conf)"
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq nginx-light
 
 # The README's picture of the UI, taken by the browser test (make test never writes it).
 screenshot: $(STAMP) $(CHROMIUM)

@@ -2,10 +2,11 @@
 
     .venv/bin/python bench/load.py [--requests 200] [--concurrency 32] [--max-tokens 24]
                                    [--cancel 0.15] [--seed 0] [--server-args "..."]
+                                   [--replicas 1]
 
-Starts the server itself on loopback (llama_srb.testing.run_server), sends --requests
-requests from --concurrency workers (streaming and not, n from 1 to 8, a fraction
-cancelled midway) and prints throughput, p50/p95 time to first token and total latency,
+Starts the server itself on loopback (llama_srb.testing.run_server; with --replicas N,
+N servers behind deploy/nginx.conf), sends --requests requests from --concurrency workers
+as 16 writers (streaming and not, n from 1 to 8, a fraction cancelled midway) and prints throughput, p50/p95 time to first token and total latency,
 and the outcome of every request. A 429 (queue full) is retried after its Retry-After and
 counted apart. "Lost" is any request that got neither a complete answer nor an explicit
 error (a dropped connection, a stream without `[DONE]`, a missing choice): it must be 0.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shlex
@@ -32,6 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.testing import RunningServer, run_server
+from llama_srb.testing_nginx import run_balancer
 
 PROMPTS = (
     "The lighthouse keeper found a letter on the rocks. It said:",
@@ -51,6 +54,11 @@ class Plan:
     max_tokens: int
     stream: bool
     cancel_after: float | None  # seconds (non-streaming) or after the first text (streaming)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        # 16 writers: behind a balancer, each writer's requests stay on one replica.
+        return {"X-Session-Id": f"writer-{self.index % 16}"}
 
 
 @dataclass
@@ -164,7 +172,7 @@ class Client:
     async def _complete(self, plan: Plan, body: dict[str, object], started: float) -> Result:
         try:
             response = await asyncio.wait_for(
-                self.http.post(self.url, json=body), plan.cancel_after
+                self.http.post(self.url, json=body, headers=plan.headers), plan.cancel_after
             )
         except TimeoutError:  # hung up on purpose: the connection closes, the server aborts
             return Result("cancelled")
@@ -183,7 +191,7 @@ class Client:
         ttft: float | None = None
         finished: set[int] = set()
         tokens = 0
-        async with self.http.stream("POST", self.url, json=body) as response:
+        async with self.http.stream("POST", self.url, json=body, headers=plan.headers) as response:
             if response.status_code == 429:
                 return Result("rejected", retry_after=float(response.headers.get("retry-after", 1)))
             if response.status_code != 200:
@@ -256,17 +264,26 @@ def main() -> None:
     parser.add_argument("--cancel", type=float, default=0.15, help="fraction hung up midway")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--server-args", default=DEFAULT_SERVER_ARGS)
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="servers behind deploy/nginx.conf (1: no nginx)"
+    )
     args = parser.parse_args()
 
     plans = make_plans(args.requests, args.max_tokens, args.cancel, args.seed)
     command = " ".join([".venv/bin/python bench/load.py", *map(shlex.quote, sys.argv[1:])])
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        run_server(Path(tmp), *shlex.split(args.server_args)) as server,
-    ):
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(run_server(Path(tmp), *shlex.split(args.server_args)))
+            for _ in range(args.replicas)
+        ]
+        url = servers[0].base_url
+        if args.replicas > 1:
+            hosts = [s.base_url.removeprefix("http://") for s in servers]
+            url = stack.enter_context(run_balancer(Path(tmp), hosts)).base_url
+            print(f"balancer      nginx (deploy/nginx.conf) in front of {args.replicas} replicas")
         print(f"server        llama-srb serve {args.server_args}")
-        report = asyncio.run(drive(server.base_url, plans, args.concurrency))
-        left_running = idle_gauges(server)
+        report = asyncio.run(drive(url, plans, args.concurrency))
+        left_running = {k: v for s in servers for k, v in idle_gauges(s).items() if v}
     report.print(plans, command, left_running)
     failed = any(r.outcome in ("error", "lost") for r in report.results)
     sys.exit(1 if failed or any(left_running.values()) else 0)
