@@ -44,9 +44,11 @@ $(NGINX):
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq nginx-light
 
-# The README's picture of the UI, taken by the browser test (make test never writes it).
+# The README's pictures of the UI (docs/ui.png, tree.png, words.png, phone.png), taken by
+# the browser tests that reach those states (make test never writes them).
+UI_PICTURES := generate_pick or read_side_by_side or words_show or api_key
 screenshot: $(STAMP) $(CHROMIUM)
-	LLAMA_SRB_SCREENSHOT=docs/ui.png $(PY) -m pytest -q tests/integration/test_ui.py -k generate_pick
+	LLAMA_SRB_SCREENSHOT=docs $(PY) -m pytest -q tests/integration/test_ui_*.py -k "$(UI_PICTURES)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,15 @@
 // The server's OpenAI-compatible API, as the UI uses it: the model name and streamed
 // completions (Server-Sent Events read from fetch, since EventSource cannot POST).
 
-export class ApiError extends Error {}
+/** An error the server answered with: its message, HTTP status and, when it names one,
+ * the request field (`param`) that caused it. */
+export class ApiError extends Error {
+  constructor(message, { status = null, param = null } = {}) {
+    super(message);
+    this.status = status;
+    this.param = param;
+  }
+}
 
 function headers(apiKey) {
   const h = { "Content-Type": "application/json" };
@@ -9,16 +17,18 @@ function headers(apiKey) {
   return h;
 }
 
-/** The server's error body (`{error: {message}}`) as an ApiError, whatever the status. */
+/** The server's error body (`{error: {message, param}}`) as an ApiError, whatever the status. */
 async function errorOf(response) {
   let message = `${response.status} ${response.statusText}`;
+  let param = null;
   try {
     const body = await response.json();
     if (body?.error?.message) message = body.error.message;
+    if (typeof body?.error?.param === "string") param = body.error.param;
   } catch {
     // not JSON (a proxy's page, say): the status line is all we have
   }
-  return new ApiError(message);
+  return new ApiError(message, { status: response.status, param });
 }
 
 export async function fetchModelName(apiKey) {
@@ -29,10 +39,11 @@ export async function fetchModelName(apiKey) {
 }
 
 /**
- * POSTs a streamed completion and calls `onChunk(json)` for each event until `[DONE]`.
- * Aborting `signal` closes the connection, which cancels the generation on the server.
+ * POSTs a streamed completion; once the server has accepted it calls `onOpen()`, then
+ * `onChunk(json)` for each event until `[DONE]`. Aborting `signal` closes the connection,
+ * which cancels the generation on the server.
  */
-export async function streamCompletion(body, { apiKey, signal, onChunk }) {
+export async function streamCompletion(body, { apiKey, signal, onOpen, onChunk }) {
   const response = await fetch("v1/completions", {
     method: "POST",
     headers: headers(apiKey),
@@ -40,10 +51,15 @@ export async function streamCompletion(body, { apiKey, signal, onChunk }) {
     signal,
   });
   if (!response.ok) throw await errorOf(response);
+  onOpen?.();
   for await (const data of sseData(response.body)) {
     if (data === "[DONE]") return;
     const chunk = JSON.parse(data);
-    if (chunk.error) throw new ApiError(chunk.error.message ?? "the server failed");
+    if (chunk.error) {
+      throw new ApiError(chunk.error.message ?? "the server failed", {
+        param: chunk.error.param ?? null,
+      });
+    }
     onChunk(chunk);
   }
 }

@@ -1,466 +1,541 @@
-// The branching-story UI: wires the page to the tree model (tree.js), the settings
-// (settings.js) and the server (api.js). State lives in `state`; the DOM is redrawn from it
-// on navigation, and only the streaming cards are patched while tokens arrive.
+// The branching-story UI: what the writer does (generate, retry, use a card or part of
+// it, go elsewhere in the tree, undo) as changes to the tree (tree.js) and the requests
+// they make (run.js), then a redraw. Drawing, keys and storage live in the other modules.
 
-import { ApiError, fetchModelName, streamCompletion } from "./api.js";
+import { ApiError } from "./api.js";
+import { ask } from "./ask.js";
+import * as Branches from "./branches.js";
+import * as Cards from "./cards.js";
+import * as Connection from "./connection.js";
+import * as Context from "./context.js";
+import { $, debounce } from "./dom.js";
+import * as Files from "./files.js";
+import * as History from "./history.js";
+import * as Keys from "./keys.js";
+import * as NodeInfo from "./nodeinfo.js";
+import { buildPrompt, hasContext } from "./prompt.js";
+import * as Run from "./run.js";
 import * as Settings from "./settings.js";
+import { setNotice, setStatus } from "./status.js";
+import * as Storage from "./storage.js";
+import * as Story from "./story.js";
 import * as Tree from "./tree.js";
-
-const TREE_KEY = "llama-srb.tree";
-const API_KEY_KEY = "llama-srb.api-key";
-const DRAFT_KEY = "llama-srb.draft";
-
-const $ = (id) => document.getElementById(id);
+import * as TreeView from "./treeview.js";
+import * as Words from "./words.js";
 
 const state = {
-  tree: loadTree(),
+  tree: Storage.loadTree(),
   model: "",
-  run: null, // {controller, node} while a generation streams
-  cards: [], // the continuation cards of the shown node, by choice index
-  lastStats: null, // timing of the last generation, for the top bar
+  run: null, // {controller, plan, from, tree, node, undo} while a generation is on
+  history: History.createHistory(),
+  lastVisited: new Map(), // node id → the child the writer last came back from, for →
 };
 
-init();
-
 function init() {
-  buildSettingsForm();
-  $("api-key").value = localStorage.getItem(API_KEY_KEY) ?? "";
-  const node = Tree.currentNode(state.tree);
-  $("story").value = node ? node.text : localStorage.getItem(DRAFT_KEY) ?? "";
-  wireEvents();
+  Settings.buildForm($("settings"));
+  Story.init(onStoryInput);
+  showCurrent({ restoreDraft: true });
+  Context.init(onContextInput);
+  Context.fill(state.tree.context);
+  Words.init($("choices"), wordAt);
+  new ResizeObserver(() => Cards.balance()).observe($("choices"));
+  wireButtons();
+  Keys.bind({
+    // Inside a card, Ctrl+Enter takes that card, as its "Use this" would.
+    useCard: (target) => {
+      const index = Cards.indexOf(target);
+      if (index !== null) acceptCard(Tree.currentNode(state.tree), index);
+      return index !== null;
+    },
+    generate,
+    escape: () => {
+      if (Words.isOpen()) Words.hide();
+      else if (state.run) stop();
+      else return false;
+      return true;
+    },
+    retry,
+    undo,
+    redo,
+    move: (key) => {
+      const id = TreeView.target(state.tree, key, state.lastVisited);
+      if (id !== null && id !== undefined) jumpTo(id);
+    },
+    bookmark: toggleBookmark,
+    remove: deleteNode,
+  });
+  // A reload or a closed tab must not lose a pending save; it stops a generation too.
+  window.addEventListener("pagehide", () => {
+    Run.finishOpen(state.run?.node, "stopped");
+    saveTree();
+  });
   render();
-  loadModel();
+  Connection.init((name) => {
+    state.model = name;
+  });
 }
 
-function wireEvents() {
-  $("generate").addEventListener("click", generate);
-  $("stop").addEventListener("click", stop);
-  $("export-text").addEventListener("click", exportText);
-  $("export-json").addEventListener("click", exportJSON);
-  $("import-json").addEventListener("click", () => $("import-file").click());
+function wireButtons() {
+  const on = (id, fn) => $(id).addEventListener("click", fn);
+  on("generate", generate);
+  on("retry", retry);
+  on("stop", stop);
+  on("undo", undo);
+  on("redo", redo);
+  on("export-text", () => Files.download("story.txt", Story.value(), "text/plain"));
+  on("export-json", exportJSON);
+  on("import-json", () => $("import-file").click());
   $("import-file").addEventListener("change", importJSON);
-  $("new-story").addEventListener("click", newStory);
-  $("api-key").addEventListener("change", () => {
-    localStorage.setItem(API_KEY_KEY, $("api-key").value.trim());
-    loadModel();
-  });
-  $("story").addEventListener("input", () => {
-    // Only a story not yet generated from is a draft; nodes keep their own text.
-    if (!Tree.currentNode(state.tree)) localStorage.setItem(DRAFT_KEY, $("story").value);
-  });
-  document.addEventListener("keydown", onKey);
-}
-
-function onKey(event) {
-  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
-    event.preventDefault();
-    generate();
-  } else if (event.key === "Escape" && state.run) {
-    event.preventDefault();
-    stop();
-  }
-}
-
-// ---------- settings ----------
-
-function buildSettingsForm() {
-  const saved = { ...Settings.defaults(), ...Settings.loadSaved() };
-  const form = $("settings");
-  for (const group of Settings.GROUPS) {
-    const set = el("fieldset", {}, [el("legend", { text: group.legend })]);
-    for (const field of group.fields) set.append(settingField(field, saved[field.key]));
-    form.append(set);
-  }
-  form.addEventListener("input", () => Settings.save(readSettings()));
-  form.addEventListener("submit", (e) => e.preventDefault());
-}
-
-function settingField(field, value) {
-  const attrs = { name: field.key, "data-testid": `setting-${field.key}` };
-  const input = field.multiline
-    ? el("textarea", { ...attrs, rows: "2", spellcheck: "false" })
-    : el("input", { ...attrs, type: "number", inputmode: "decimal", step: field.step });
-  if (field.min !== undefined && !field.multiline) input.min = field.min;
-  if (field.max !== undefined) input.max = field.max;
-  input.value = value ?? "";
-  return el("label", { class: field.multiline ? "field wide" : "field" }, [field.label, input]);
-}
-
-/** The first setting that is not a number or out of range. A value off the spinner's step
- * (top-p 0.925, say) is fine: `step` only sets how far the arrows move. */
-function invalidSetting() {
-  return [...$("settings").elements].find(({ validity: v }) =>
-    v.badInput || v.rangeUnderflow || v.rangeOverflow,
-  );
-}
-
-function readSettings() {
-  return Object.fromEntries(new FormData($("settings")).entries());
+  on("new-story", newStory);
+  on("bookmark", toggleBookmark);
+  on("delete-node", deleteNode);
+  on("prune", prune);
+  on("reuse-settings", reuseSettings);
+  $("sent").addEventListener("toggle", () => Context.showSent(Story.value(), state.tree.context));
 }
 
 // ---------- generating ----------
 
-async function generate() {
+/** Continues the story as the box shows it: the writer's edit becomes a node of its own;
+ * the same text as the node's gives that node (again) new continuations. */
+function generate() {
   if (state.run) return;
-  const text = $("story").value;
+  const text = Story.value();
   if (!text.trim()) return setStatus("Write the beginning of a story first.", "error");
-  const bad = invalidSetting();
+  const node = Tree.currentNode(state.tree);
+  if (node && text === node.text) return start(retryPlan(node));
+  if (node && Tree.isUnused(state.tree, node)) return start({ reuse: node, text, draft: true });
+  start({ parent: node?.id ?? null, via: null, text, modelChars: 0, draft: true });
+}
+
+/** New continuations for the current node's text, beside the old ones (one key: Alt+R). */
+function retry() {
+  stop();
+  const node = Tree.currentNode(state.tree);
+  if (!node || Story.isDraft()) return generate();
+  start(retryPlan(node));
+}
+
+/** A node never generated from gets its continuations itself; otherwise the retry is a
+ * sibling with the same text, so earlier continuations are never overwritten. */
+function retryPlan(node) {
+  const plan = {
+    parent: node.parent,
+    via: node.via,
+    text: node.text,
+    modelChars: node.model_chars,
+    retryOf: node.retry_of ?? node.id,
+  };
+  return node.choices.length === 0 ? { ...plan, reuse: node, retryOf: node.retry_of } : plan;
+}
+
+function acceptCard(node, index) {
+  const choice = node?.choices[index];
+  if (choice && choice.text && !isStreaming(choice)) acceptText(node, index, choice.text);
+}
+
+/** Adds `added` (all of card `index` of `node`, or the start of it) to the node's story
+ * and generates from there. An unsaved edit of the story is kept as a node first. */
+function acceptText(node, index, added) {
+  if (!added) return;
+  const kept = keepDraft();
+  stop();
+  // The story's new end is what the writer reads next (the card clicked may be far below);
+  // the focus stays by the cards for the keyboard, without scrolling the page.
+  const box = $("story-box").getBoundingClientRect();
+  if (box.top < 0 || box.top > window.innerHeight) $("story-box").scrollIntoView({ block: "start" });
+  $("choices").focus({ preventScroll: true });
+  const choice = node.choices[index];
+  // Of an edited card, the model wrote what is left of its own text at the start.
+  const modelChars = choice.edited ? commonStart(added, choice.original ?? "") : added.length;
+  start({ parent: node.id, via: index, text: node.text + added, modelChars, kept });
+}
+
+async function start(plan) {
+  const bad = Settings.invalidField($("settings"));
   if (bad) {
+    $("settings-panel").open = true;
     bad.focus();
     return setStatus(`${bad.name}: ${bad.validationMessage}`, "error");
   }
-  await run(nodeToGenerate(text));
-}
-
-/** Generating again from a node that already has continuations makes a new child node,
- * so no earlier generation is ever overwritten; a node that produced no text (never run,
- * failed, stopped at once) is reused instead. */
-function nodeToGenerate(text) {
-  const current = Tree.currentNode(state.tree);
-  const unused = current && !hasChildren(current) && current.choices.every((c) => c.text === "");
-  if (unused) {
-    current.text = text;
-    return current;
-  }
-  return Tree.addNode(state.tree, { parent: current?.id ?? null, text });
-}
-
-function accept(node, index) {
-  if (state.run) return;
-  const choice = node.choices[index];
-  const text = node.text + choice.text;
-  const child = Tree.addNode(state.tree, { parent: node.id, via: index, text });
-  $("story").value = child.text;
-  // The clicked button is about to be redrawn; keep keyboard focus near the new cards.
-  $("choices").focus();
-  run(child);
-}
-
-async function run(node) {
-  const fields = Settings.requestFields(readSettings());
-  node.params = fields;
-  node.choices = Array.from({ length: fields.n ?? 1 }, () => emptyChoice());
-  state.run = { controller: new AbortController(), node };
+  const fields = Settings.requestFields(Settings.readForm($("settings")));
+  const context = { ...state.tree.context };
+  // `from`: the node shown when the writer asked; `tree`: the tree the answer belongs in.
+  const run = { controller: new AbortController(), plan, from: state.tree.current };
+  Object.assign(run, { tree: state.tree, node: null, undo: null });
+  state.run = run;
+  setStatus("Sending…");
+  setNotice(plan.kept ? `Your edit of the story is kept in the tree as #${plan.kept.id}.` : "");
   render();
+  const failure = await Run.stream(run, { ...fields, prompt: buildPrompt(plan.text, context) }, {
+    apiKey: Connection.apiKey(),
+    open: () => openNode(run, fields, context),
+    update: (index, choice) => {
+      if (Tree.currentNode(state.tree) === run.node) Cards.update(index, choice, isStreaming(choice));
+    },
+  });
+  // A run stopped for a newer one (Retry, say) leaves the status to that one.
+  if (state.run === run || state.run === null) {
+    if (!failure) setStatus("");
+    else if (failure.name === "AbortError") setStatus("Stopped.");
+    else showError(failure);
+  }
+  if (failure && run.node?.choices.every((c) => c.text === "")) dropNode(run);
+  if (state.run === run) state.run = null;
+  saveTree();
+  render();
+}
+
+/** The server took the request: the node it fills is made now (so a refused request
+ * leaves the tree and the shown continuations as they were). */
+function openNode(run, fields, context) {
+  const { plan } = run;
+  const tree = state.tree;
+  if (tree !== run.tree) return null; // the tree was replaced meanwhile (undo, import)
+  run.undo = record();
+  const reuse = plan.reuse && tree.nodes.get(plan.reuse.id);
+  const reusable =
+    reuse && reuse.choices.length === 0 && (reuse.text === plan.text || Tree.isUnused(tree, reuse));
+  const node = reusable
+    ? Object.assign(reuse, { text: plan.text })
+    : Tree.addNode(tree, {
+        parent: plan.parent,
+        via: plan.via,
+        text: plan.text,
+        modelChars: plan.modelChars,
+        retryOf: plan.retryOf ?? null,
+      });
+  node.params = fields;
+  node.context = hasContext(context) ? context : null;
+  node.stats = null;
+  node.choices = Array.from({ length: fields.n ?? 1 }, () => Run.emptyChoice(fields.logprobs));
+  Settings.clearErrors($("settings"));
+  // Follow the new node unless the writer went elsewhere while the request was sent.
+  if (tree.current === run.from) {
+    tree.current = node.id;
+    showCurrent();
+  }
   setStatus(`Generating ${node.choices.length} continuation(s)…`);
-  const timing = { start: performance.now(), first: null, usage: null };
-  try {
-    await streamCompletion(
-      { ...fields, prompt: node.text },
-      {
-        apiKey: $("api-key").value.trim(),
-        signal: state.run.controller.signal,
-        onChunk: (chunk) => onChunk(node, chunk, timing),
-      },
-    );
-    finishOpenChoices(node, "incomplete"); // only if the stream ended without finish reasons
-    setStatus("");
-  } catch (err) {
-    const stopped = err.name === "AbortError";
-    finishOpenChoices(node, stopped ? "stopped" : "error");
-    setStatus(stopped ? "Stopped." : errorText(err), stopped ? "" : "error");
-  } finally {
-    node.stats = stats(node, timing);
-    state.lastStats = node.stats;
-    state.run = null;
-    saveTree();
-    render();
-  }
+  saveTree();
+  render();
+  return node;
 }
 
-function onChunk(node, chunk, timing) {
-  if (chunk.usage) timing.usage = chunk.usage;
-  for (const delta of chunk.choices ?? []) {
-    const choice = node.choices[delta.index];
-    if (!choice) continue;
-    if (delta.text) {
-      timing.first ??= performance.now();
-      choice.text += delta.text;
-      // One piece per engine step and choice, so pieces ≈ tokens; a piece held back by the
-      // detokenizer or a stop-string prefix can carry more than one (then this undercounts).
-      choice.tokens += 1;
-    }
-    if (delta.finish_reason) {
-      choice.finish_reason = delta.finish_reason;
-      // Reaching max_tokens makes the count exact.
-      if (delta.finish_reason === "length") choice.tokens = node.params.max_tokens ?? choice.tokens;
-    }
-    if (Tree.currentNode(state.tree) === node) updateCard(delta.index, choice);
+/** A failed or stopped generation that produced no text leaves no node behind (nor an
+ * undo step); a writer's edit it started from goes back into the story box, or stays a node. */
+function dropNode({ node, plan, from, undo }) {
+  const tree = state.tree;
+  if (!tree.nodes.has(node.id)) return;
+  const shown = tree.current === node.id;
+  if (plan.reuse?.id === node.id || (plan.draft && !shown)) {
+    Object.assign(node, { choices: [], params: null, context: null, stats: null });
+    return;
   }
+  Tree.deleteSubtree(tree, node.id);
+  History.forget(state.history, undo);
+  if (!shown) return;
+  tree.current = tree.nodes.has(from) ? from : null;
+  showCurrent({ draft: plan.draft ? plan.text : null });
 }
 
+function isStreaming(choice) {
+  return choice.finish_reason === null && state.run?.node?.choices.includes(choice) === true;
+}
+
+/** Stops the running generation; what it produced so far stays. */
 function stop() {
+  const run = state.run;
+  if (!run) return;
   // Aborting the fetch closes the connection; the server then cancels the request.
-  state.run?.controller.abort();
+  run.controller.abort();
+  state.run = null;
+  render();
 }
 
-function finishOpenChoices(node, reason) {
-  for (const choice of node.choices) choice.finish_reason ??= reason;
+/** The server's message; when it names a setting, that field is marked too. */
+function showError(err) {
+  if (!(err instanceof ApiError)) {
+    return setStatus(`Could not reach the server (${err.message}).`, "error");
+  }
+  if (err.status === 401) return Connection.needKey(err.message);
+  const form = $("settings");
+  const key = Settings.fieldOfError(form, err);
+  if (key) Settings.markError(form, key, err.message);
+  setStatus(`Server: ${err.message}${key ? ` (see ${key} under Settings)` : ""}`, "error");
 }
 
-function stats(node, { start, first, usage }) {
-  const end = performance.now();
-  const tokens = usage?.completion_tokens ?? node.choices.reduce((sum, c) => sum + c.tokens, 0);
-  // Generation speed: tokens of all n continuations over the time since the first one arrived.
-  const seconds = first === null ? 0 : (end - first) / 1000;
+// ---------- words ----------
+
+/** What the word menu needs for the word `span` of a card of the shown node. */
+function wordAt(span) {
+  const node = Tree.currentNode(state.tree);
+  const index = Cards.indexOf(span);
+  const i = Number(span.dataset.i);
+  const pieces = node.choices[index].pieces;
+  const before = Words.textBefore(pieces, i);
   return {
-    ttft_ms: first === null ? null : Math.round(first - start),
-    tokens_per_s: seconds > 0 ? tokens / seconds : null,
-    completion_tokens: tokens,
-    prompt_tokens: usage?.prompt_tokens ?? null,
+    piece: pieces[i],
+    actions: {
+      // The word itself is drawn again: the prompt ends just before it (for the first
+      // word, that is the node's own text: a retry).
+      regenerate: () => (before ? acceptText(node, index, before) : retryFrom(node)),
+      useUpTo: () => acceptText(node, index, before + pieces[i].t),
+      alternative: (t) => acceptText(node, index, before + t),
+    },
   };
 }
 
-function errorText(err) {
-  if (err instanceof ApiError) return `Server: ${err.message}`;
-  return `Could not reach the server (${err.message}).`;
+function retryFrom(node) {
+  keepDraft();
+  stop();
+  start(retryPlan(node));
 }
 
-// ---------- navigation, import and export ----------
+// ---------- the tree: navigation, edits, undo ----------
 
 function jumpTo(id) {
-  stop(); // the running generation keeps what it produced so far
+  if (!state.tree.nodes.has(id)) return;
+  keepDraft();
+  for (const step of Tree.pathTo(state.tree, state.tree.current)) {
+    const parent = state.tree.nodes.get(step).parent;
+    if (parent !== null) state.lastVisited.set(parent, step);
+  }
   state.tree.current = id;
-  $("story").value = Tree.currentNode(state.tree).text;
+  showCurrent();
+  saveTree();
+  render();
+}
+
+/** The writer's unsaved edit of the story, kept as a node (or, on a node nothing came from
+ * yet, as that node's new text) and shown; returns that node, or null if there was none. */
+function keepDraft() {
+  if (!Story.isDraft()) return null;
+  const text = Story.value();
+  const node = Tree.currentNode(state.tree);
+  record();
+  let kept;
+  if (node && Tree.isUnused(state.tree, node)) {
+    node.text = text;
+    kept = node;
+  } else {
+    kept = Tree.addNode(state.tree, { parent: node?.id ?? null, text });
+  }
+  state.tree.current = kept.id;
+  showCurrent();
+  saveTree();
+  setNotice(`Your edit of the story is kept in the tree as #${kept.id}.`);
+  return kept;
+}
+
+function newStory() {
+  keepDraft();
+  stop();
+  state.tree.current = null; // the old story stays in the tree; the next Generate starts a root
+  showCurrent();
   saveTree();
   render();
   $("story").focus();
 }
 
-function newStory() {
-  stop();
-  state.tree.current = null; // the old story stays in the tree; the next Generate starts a root
-  $("story").value = "";
+function toggleBookmark() {
+  const node = Tree.currentNode(state.tree);
+  if (!node) return;
+  record();
+  node.bookmarked = !node.bookmarked;
+  saveTree();
   render();
-  $("story").focus();
 }
 
-function exportText() {
-  const node = Tree.currentNode(state.tree);
-  const text = node ? node.text : $("story").value;
-  download("story.txt", text, "text/plain");
+function deleteNode() {
+  if (!Tree.currentNode(state.tree)) return;
+  keepDraft();
+  const target = Tree.currentNode(state.tree);
+  if (state.run?.node && Tree.pathTo(state.tree, state.run.node.id).includes(target.id)) stop();
+  record();
+  const count = Tree.deleteSubtree(state.tree, target.id);
+  showCurrent();
+  saveTree();
+  render();
+  setNotice(`Deleted ${count} node(s). Undo (Ctrl+Z) brings them back.`);
 }
+
+function prune() {
+  const node = Tree.currentNode(state.tree);
+  if (!node) return;
+  const entry = record();
+  const count = Tree.pruneSiblings(state.tree, node.id);
+  if (count === 0) History.forget(state.history, entry);
+  saveTree();
+  render();
+  setNotice(
+    count
+      ? `Pruned ${count} node(s) beside #${node.id}. Undo (Ctrl+Z) brings them back.`
+      : "Nothing to prune: no other branches here (bookmarked ones are kept).",
+  );
+}
+
+function reuseSettings() {
+  const node = Tree.currentNode(state.tree);
+  if (!node?.params) return;
+  Settings.writeForm($("settings"), node.params);
+  setNotice(`The settings of #${node.id} are in the form again.`);
+}
+
+/** Call before each change to the tree, so that Undo can bring it back. */
+function record() {
+  return History.record(state.history, Tree.clone(state.tree));
+}
+
+function undo() {
+  keepDraft(); // an unsaved edit is undone like any other change: Redo brings it back
+  const past = History.undo(state.history, Tree.clone(state.tree));
+  if (past === null) return setStatus("Nothing to undo.");
+  restore(past);
+  setStatus("Undone.");
+}
+
+function redo() {
+  const future = History.redo(state.history, Tree.clone(state.tree));
+  if (future === null) return setStatus("Nothing to redo.");
+  restore(future);
+  setStatus("Redone.");
+}
+
+function restore(snapshot) {
+  stop();
+  state.tree = Tree.clone(snapshot); // the snapshot itself stays as it was, for redo
+  showCurrent();
+  Context.fill(state.tree.context);
+  saveTree();
+  render();
+}
+
+// ---------- import and export ----------
 
 function exportJSON() {
+  keepDraft();
   const data = Tree.toJSON(state.tree, state.model);
-  download("llama-srb-tree.json", JSON.stringify(data, null, 2), "application/json");
+  Files.download("llama-srb-tree.json", JSON.stringify(data, null, 2), "application/json");
 }
 
+/** Asks before touching the tree: the file's nodes go beside it, or replace it. */
 async function importJSON(event) {
   const file = event.target.files[0];
   event.target.value = ""; // so choosing the same file again fires `change` again
   if (!file) return;
+  let imported;
   try {
-    const tree = Tree.fromJSON(JSON.parse(await file.text()));
-    stop();
-    state.tree = tree;
-    $("story").value = Tree.currentNode(tree).text;
-    saveTree();
-    render();
-    setStatus(`Imported ${tree.nodes.size} node(s).`);
+    imported = await Files.readTree(file);
   } catch (err) {
-    setStatus(`Could not import ${file.name}: ${err.message}`, "error");
+    return setStatus(`Could not import ${file.name}: ${err.message}`, "error");
   }
+  keepDraft();
+  const size = state.tree.nodes.size;
+  const answer =
+    size === 0
+      ? "replace"
+      : await ask(
+          `Import ${file.name}?`,
+          `It holds ${imported.nodes.size} node(s); your tree has ${size}.`,
+          [
+            { value: "add", label: "Add it beside my tree" },
+            { value: "replace", label: "Replace my tree" },
+            { value: "cancel", label: "Cancel" },
+          ],
+        );
+  if (answer !== "add" && answer !== "replace") return setStatus("Nothing imported.");
+  stop();
+  record();
+  if (answer === "replace") state.tree = imported;
+  else state.tree.current = Tree.merge(state.tree, imported) ?? state.tree.current;
+  showCurrent();
+  Context.fill(state.tree.context);
+  saveTree();
+  render();
+  setStatus(`Imported ${imported.nodes.size} node(s). Undo (Ctrl+Z) takes it back.`);
 }
 
-function download(name, content, type) {
-  const url = URL.createObjectURL(new Blob([content], { type }));
-  const link = el("a", { href: url, download: name });
-  document.body.append(link);
-  link.click();
-  link.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 1000);
+// ---------- the story box, memory and author's note ----------
+
+/** Shows the current node's text in the story box (or a draft of it). */
+function showCurrent({ restoreDraft = false, draft = null } = {}) {
+  const node = Tree.currentNode(state.tree);
+  const id = node?.id ?? null;
+  const runs = node ? Tree.authorship(state.tree, id) : [];
+  Story.show(id, node?.text ?? "", runs, draft ?? (restoreDraft ? Story.savedDraft(id) : null));
+}
+
+function onStoryInput() {
+  $("undo").disabled = state.history.past.length === 0 && !Story.isDraft();
+  Context.showSent(Story.value(), state.tree.context);
+}
+
+function onContextInput(context) {
+  state.tree.context = context;
+  saveTreeSoon();
+  Context.showSent(Story.value(), context);
 }
 
 // ---------- rendering ----------
 
 function render() {
-  const running = state.run !== null;
-  $("generate").disabled = running;
-  $("stop").disabled = !running;
-  $("story").readOnly = running; // the prompt being continued must match what is shown
-  renderChoices();
-  renderTree();
-  renderStats();
-}
-
-function renderChoices() {
   const node = Tree.currentNode(state.tree);
-  const box = $("choices");
-  box.replaceChildren();
-  state.cards = [];
-  if (!node || node.choices.length === 0) {
-    box.append(el("p", { class: "empty", text: "No continuations yet: press Generate." }));
-    return;
-  }
-  node.choices.forEach((choice, index) => {
-    const card = choiceCard(node, index);
-    state.cards.push(card);
-    box.append(card);
-    updateCard(index, choice);
+  const run = state.run;
+  Words.hide();
+  $("generate").disabled = run !== null;
+  $("stop").disabled = run === null;
+  $("undo").disabled = state.history.past.length === 0 && !Story.isDraft();
+  $("redo").disabled = state.history.future.length === 0;
+  // The prompt being continued must match what is shown.
+  Story.setReadOnly(run !== null && (run.node === null || run.node === node));
+  Cards.render(node, {
+    handlers: {
+      accept: (index) => acceptCard(node, index),
+      edit: (index, text) => editCard(node, index, text),
+    },
+    branched: (index) =>
+      Tree.childrenOf(state.tree, node.id).filter((c) => c.via === index && c.retry_of === null)
+        .length,
+    isStreaming,
   });
+  TreeView.render(state.tree, jumpTo);
+  Branches.render(state.tree, node, state.lastVisited, jumpTo);
+  NodeInfo.render(node);
+  renderStats(node);
+  Context.showSent(Story.value(), state.tree.context);
 }
 
-function choiceCard(node, index) {
-  const card = $("choice-template").content.firstElementChild.cloneNode(true);
-  const text = card.querySelector(".choice-text");
-  card.dataset.index = String(index);
-  card.querySelector(".choice-index").textContent = `#${index + 1}`;
-  text.setAttribute("aria-label", `continuation ${index + 1}`);
-  text.addEventListener("input", () => {
-    node.choices[index].text = text.value;
-    node.choices[index].edited = true;
-    card.querySelector(".edited").hidden = false;
-    saveTreeSoon();
-  });
-  card.querySelector(".use").addEventListener("click", () => accept(node, index));
-  const branches = Tree.childrenOf(state.tree, node.id).filter((c) => c.via === index).length;
-  if (branches) card.querySelector(".branches").textContent = `branched ${branches}×`;
-  return card;
+function editCard(node, index, text) {
+  const choice = node.choices[index];
+  if (!choice.edited) choice.original = choice.text;
+  choice.text = text;
+  choice.edited = true;
+  saveTreeSoon();
 }
 
-function updateCard(index, choice) {
-  const card = state.cards[index];
-  if (!card) return;
-  const streaming = choice.finish_reason === null && state.run !== null;
-  const text = card.querySelector(".choice-text");
-  if (text.value !== choice.text) text.value = choice.text;
-  text.readOnly = streaming;
-  card.dataset.finished = String(choice.finish_reason !== null);
-  const finish = card.querySelector(".finish");
-  finish.textContent = choice.finish_reason ?? (streaming ? "streaming…" : "–");
-  finish.dataset.reason = choice.finish_reason ?? "";
-  card.querySelector(".tokens").textContent = `${choice.tokens} tok`;
-  card.querySelector(".use").disabled = state.run !== null;
-  card.querySelector(".edited").hidden = !choice.edited;
-}
-
-function renderTree() {
-  const nav = $("tree");
-  const path = new Set(Tree.pathTo(state.tree, state.tree.current));
-  const roots = Tree.roots(state.tree);
-  const empty = el("p", { class: "empty", text: "Nothing generated yet." });
-  nav.replaceChildren(roots.length ? treeList(roots, path) : empty);
-}
-
-function treeList(nodes, path) {
-  return el(
-    "ul",
-    {},
-    nodes.map((node) => {
-      const children = Tree.childrenOf(state.tree, node.id);
-      const item = el("li", {}, [treeButton(node, path)]);
-      if (children.length) item.append(treeList(children, path));
-      return item;
-    }),
-  );
-}
-
-function treeButton(node, path) {
-  const current = node.id === state.tree.current;
-  const button = el("button", {
-    type: "button",
-    class: "node",
-    "data-testid": "tree-node",
-    "data-node-id": String(node.id),
-    "data-on-path": String(path.has(node.id)),
-    title: tail(node.text, 400),
-  }, [
-    el("span", { class: "node-id", text: `#${node.id}` }),
-    el("span", { class: "node-label", text: nodeLabel(node) }),
-    el("span", { class: "node-count", text: `${node.choices.length}×` }),
-  ]);
-  if (current) button.setAttribute("aria-current", "true");
-  button.addEventListener("click", () => jumpTo(node.id));
-  return button;
-}
-
-function nodeLabel(node) {
-  if (node.parent === null) return snippet(node.text);
-  const parent = state.tree.nodes.get(node.parent);
-  if (node.via !== null) return `↳ ${node.via + 1}: ${snippet(Tree.addedText(state.tree, node))}`;
-  if (node.text === parent?.text) return "↻ again";
-  return `✎ ${snippet(Tree.addedText(state.tree, node))}`;
-}
-
-function renderStats() {
-  const last = state.lastStats;
-  $("stat-ttft").textContent = last?.ttft_ms != null ? `${last.ttft_ms} ms` : "–";
-  $("stat-tps").textContent = last?.tokens_per_s != null ? last.tokens_per_s.toFixed(1) : "–";
-  $("stat-tokens").textContent = last ? String(last.completion_tokens) : "–";
-}
-
-async function loadModel() {
-  const label = $("model-name");
-  try {
-    state.model = await fetchModelName($("api-key").value.trim());
-    label.textContent = state.model;
-    label.classList.remove("error");
-  } catch (err) {
-    state.model = "";
-    label.textContent = err instanceof ApiError ? err.message : "server unreachable";
-    label.classList.add("error");
-  }
-}
-
-function setStatus(message, kind = "") {
-  $("status").textContent = message;
-  $("status").dataset.kind = kind;
+/** The top bar: the shown node's generation (not just the last one of this page). */
+function renderStats(node) {
+  const s = node?.stats;
+  $("stat-ttft").textContent = s?.ttft_ms != null ? `${s.ttft_ms} ms` : "–";
+  $("stat-tps").textContent = s?.tokens_per_s != null ? s.tokens_per_s.toFixed(1) : "–";
+  $("stat-tokens").textContent = s ? String(s.completion_tokens) : "–";
 }
 
 // ---------- small helpers ----------
 
-function hasChildren(node) {
-  return Tree.childrenOf(state.tree, node.id).length > 0;
-}
-
-function emptyChoice() {
-  return { text: "", finish_reason: null, tokens: 0, edited: false };
-}
-
-function snippet(text, max = 48) {
-  const flat = text.replace(/\s+/g, " ").trim();
-  return flat.length > max ? `${flat.slice(0, max - 1)}…` : flat || "(empty)";
-}
-
-function tail(text, max) {
-  return text.length > max ? `…${text.slice(-max)}` : text;
-}
-
-/** A DOM element: `attrs.text` sets its text; other attrs become attributes. */
-function el(tag, attrs = {}, children = []) {
-  const node = document.createElement(tag);
-  for (const [key, value] of Object.entries(attrs)) {
-    if (key === "text") node.textContent = value;
-    else node.setAttribute(key, value);
-  }
-  node.append(...children);
-  return node;
-}
-
-function loadTree() {
-  try {
-    const saved = localStorage.getItem(TREE_KEY);
-    if (saved) return Tree.fromJSON(JSON.parse(saved));
-  } catch {
-    // an unreadable saved tree is dropped rather than breaking the page
-  }
-  return Tree.createTree();
-}
-
-let saveTimer = null;
-
-// Edits save once typing pauses, not on every keystroke: the whole tree is rewritten.
-function saveTreeSoon() {
-  clearTimeout(saveTimer);
-  saveTimer = setTimeout(saveTree, 400);
+function commonStart(a, b) {
+  let i = 0;
+  while (i < a.length && i < b.length && a[i] === b[i]) i++;
+  return i;
 }
 
 function saveTree() {
-  if (state.tree.nodes.size === 0) return localStorage.removeItem(TREE_KEY);
-  try {
-    localStorage.setItem(TREE_KEY, JSON.stringify(Tree.toJSON(state.tree, state.model)));
-  } catch {
+  if (!Storage.saveTree(state.tree, state.model)) {
     setStatus("The tree is too big to keep in this browser; export it to keep it.", "error");
   }
 }
+
+// Edits save once typing pauses, not on every keystroke: the whole tree is rewritten.
+const saveTreeSoon = debounce(saveTree, 400);
+
+init();

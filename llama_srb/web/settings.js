@@ -1,12 +1,15 @@
 // Generation settings: declared once here; the form, local storage and the request body
 // all come from this list. Defaults are the server's (llama.cpp's), except n and max_tokens.
 
+import { el } from "./dom.js";
+
 const STORAGE_KEY = "llama-srb.settings";
 
-export const GROUPS = [
+const GROUPS = [
   {
     legend: "Length",
     fields: [
+      // 256 is the most any server allows; the server's own limit is learned from its answer.
       { key: "n", label: "n (continuations)", min: 1, max: 256, step: 1, value: "4" },
       { key: "max_tokens", label: "max tokens", min: 1, max: 8192, step: 1, value: "48" },
     ],
@@ -43,6 +46,16 @@ export const GROUPS = [
     ],
   },
   {
+    legend: "Words",
+    fields: [
+      {
+        // Asks for logprobs: each word then shows its probability and its alternatives.
+        key: "logprobs", label: "alternatives per word (0: off)",
+        min: 0, max: 20, step: 1, value: "0", zeroIsOff: true,
+      },
+    ],
+  },
+  {
     legend: "Other",
     fields: [
       { key: "seed", label: "seed (empty: random)", min: 0, step: 1, value: "" },
@@ -56,7 +69,7 @@ export const GROUPS = [
 
 const FIELDS = GROUPS.flatMap((g) => g.fields);
 
-export function loadSaved() {
+function loadSaved() {
   try {
     return JSON.parse(localStorage.getItem(STORAGE_KEY) ?? "{}") ?? {};
   } catch {
@@ -64,12 +77,63 @@ export function loadSaved() {
   }
 }
 
-export function save(values) {
-  localStorage.setItem(STORAGE_KEY, JSON.stringify(values));
+function defaults() {
+  return Object.fromEntries(FIELDS.map((f) => [f.key, f.value]));
 }
 
-export function defaults() {
-  return Object.fromEntries(FIELDS.map((f) => [f.key, f.value]));
+/** Fills `form` with the fields, showing the saved values; edits are saved as they happen. */
+export function buildForm(form) {
+  const saved = { ...defaults(), ...loadSaved() };
+  for (const group of GROUPS) {
+    const set = el("fieldset", {}, [el("legend", { text: group.legend })]);
+    for (const field of group.fields) set.append(fieldFor(field, saved[field.key]));
+    form.append(set);
+  }
+  form.addEventListener("input", (event) => {
+    clearError(form, event.target.name);
+    localStorage.setItem(STORAGE_KEY, JSON.stringify(readForm(form)));
+  });
+  form.addEventListener("submit", (e) => e.preventDefault());
+}
+
+function fieldFor(field, value) {
+  const attrs = { name: field.key, id: `setting-${field.key}`, "data-testid": `setting-${field.key}` };
+  const input = field.multiline
+    ? el("textarea", { ...attrs, rows: "2", spellcheck: "false" })
+    : el("input", { ...attrs, type: "number", inputmode: "decimal", step: field.step });
+  if (field.min !== undefined && !field.multiline) input.min = field.min;
+  if (field.max !== undefined) input.max = field.max;
+  input.value = value ?? "";
+  const error = el("span", {
+    class: "field-error", id: `error-${field.key}`, "data-testid": "setting-error", hidden: true,
+  });
+  input.setAttribute("aria-describedby", error.id);
+  return el("label", { class: field.multiline ? "field wide" : "field" }, [field.label, input, error]);
+}
+
+export function readForm(form) {
+  return Object.fromEntries(new FormData(form).entries());
+}
+
+/** Puts raw saved values (a node's settings, say) back into the form. */
+export function writeForm(form, values) {
+  for (const field of FIELDS) {
+    const input = form.elements.namedItem(field.key);
+    if (!input) continue;
+    const value = values[field.key];
+    if (field.multiline) input.value = (value ?? []).map(escape).join("\n");
+    else input.value = value ?? (field.zeroIsOff ? "0" : "");
+    clearError(form, field.key);
+  }
+  localStorage.setItem(STORAGE_KEY, JSON.stringify(readForm(form)));
+}
+
+/** The first setting that is not a number or out of range. A value off the spinner's step
+ * (top-p 0.925, say) is fine: `step` only sets how far the arrows move. */
+export function invalidField(form) {
+  return [...form.elements].find(({ validity: v }) =>
+    v && (v.badInput || v.rangeUnderflow || v.rangeOverflow),
+  );
 }
 
 /** The request fields for the form's raw string values; empty numbers are left to the server. */
@@ -81,14 +145,57 @@ export function requestFields(values) {
       // Not trimmed: a stop string may start or end with a space.
       const stops = raw.split("\n").filter((s) => s !== "").map(unescape);
       if (stops.length) body.stop = stops;
-    } else if (raw.trim() !== "") {
+    } else if (raw.trim() !== "" && !(field.zeroIsOff && Number(raw) === 0)) {
       body[field.key] = Number(raw);
     }
   }
   return body;
 }
 
+/** The field a server error is about: its `param`, else a setting its message names (only
+ * names that cannot be ordinary words, such as dry_base; not n, seed or stop). */
+export function fieldOfError(form, error) {
+  if (error.param) return form.elements.namedItem(error.param) ? error.param : null;
+  const named = FIELDS.find(
+    (f) => /_|temperature|logprobs/.test(f.key) && new RegExp(`\\b${f.key}\\b`).test(error.message),
+  );
+  return named?.key ?? null;
+}
+
+/** Marks the field `key` with `message`, opening the settings so the writer sees it. When
+ * the server states the field's range ("n must be between 1 and 64"), the form takes it. */
+export function markError(form, key, message) {
+  const input = form.elements.namedItem(key);
+  if (!input) return;
+  const range = message.match(/between (-?[\d.]+) and (-?[\d.]+)/);
+  if (range && !input.matches("textarea")) {
+    input.min = range[1];
+    input.max = range[2];
+  }
+  input.setAttribute("aria-invalid", "true");
+  const error = document.getElementById(`error-${key}`);
+  error.textContent = message;
+  error.hidden = false;
+  form.closest("details")?.setAttribute("open", "");
+}
+
+function clearError(form, key) {
+  const input = key && form.elements.namedItem(key);
+  if (!input) return;
+  input.removeAttribute("aria-invalid");
+  const error = document.getElementById(`error-${key}`);
+  if (error) error.hidden = true;
+}
+
+export function clearErrors(form) {
+  for (const field of FIELDS) clearError(form, field.key);
+}
+
 // Stop strings are often "\n" or "\n\n", which a text box cannot show: write them escaped.
 function unescape(s) {
   return s.replace(/\\([nt\\])/g, (_, c) => ({ n: "\n", t: "\t", "\\": "\\" })[c]);
+}
+
+function escape(s) {
+  return s.replace(/[\\\n\t]/g, (c) => ({ "\n": "\\n", "\t": "\\t", "\\": "\\\\" })[c]);
 }

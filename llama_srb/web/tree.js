@@ -1,28 +1,37 @@
-// The story tree: pure data, no DOM. Every generation is a node holding the story text it
-// continued and its n continuations; a child node starts from its parent's text plus the
-// continuation the writer accepted (`via`), or from an edited / regenerated story (`via`
-// null). Kept flat (id → node) so it serializes to JSON as it is.
+// The story tree: pure data, no DOM. Every node holds a story text and the n continuations
+// generated from it. A child starts from its parent's text plus a continuation the writer
+// accepted (`via`: its index; `model_chars`: how much of the added text the model wrote),
+// or from the writer's own edit (`via` null). A retry is a sibling with the same text
+// (`retry_of`). Kept flat (id → node) so it serializes to JSON as it is.
 
 export const FORMAT = "llama-srb-tree";
-export const VERSION = 1;
+export const VERSION = 2;
 
 export function createTree() {
-  return { nodes: new Map(), current: null, nextId: 1 };
+  return { nodes: new Map(), current: null, nextId: 1, context: emptyContext() };
 }
 
-export function addNode(tree, { parent = null, via = null, text }) {
+/** Memory and author's note, placed into every prompt (prompt.js). */
+export function emptyContext() {
+  return { memory: "", note: "", depth: 3 };
+}
+
+export function addNode(tree, { parent = null, via = null, text, modelChars = 0, retryOf = null }) {
   const node = {
     id: tree.nextId++,
     parent,
     via,
     text,
+    model_chars: modelChars,
+    retry_of: retryOf,
+    bookmarked: false,
     choices: [],
     params: null,
+    context: null,
     stats: null,
     created: new Date().toISOString(),
   };
   tree.nodes.set(node.id, node);
-  tree.current = node.id;
   return node;
 }
 
@@ -30,12 +39,24 @@ export function currentNode(tree) {
   return tree.nodes.get(tree.current) ?? null;
 }
 
+/** Children of `id` (null: the roots), oldest first. */
 export function childrenOf(tree, id) {
   return [...tree.nodes.values()].filter((n) => n.parent === id);
 }
 
-export function roots(tree) {
-  return childrenOf(tree, null);
+/** Every node's children at once (parent id or null → nodes), for drawing the tree. */
+export function childIndex(tree) {
+  const index = new Map();
+  for (const node of tree.nodes.values()) {
+    if (!index.has(node.parent)) index.set(node.parent, []);
+    index.get(node.parent).push(node);
+  }
+  return index;
+}
+
+export function siblingsOf(tree, id) {
+  const node = tree.nodes.get(id);
+  return node ? childrenOf(tree, node.parent) : [];
 }
 
 /** Ids from the root down to `id`: the path the writer took. `limit` stops a walk round a
@@ -50,11 +71,123 @@ export function pathTo(tree, id, limit = Infinity) {
   return path;
 }
 
-/** The text this node added to its parent's story (what the tree shows as its label). */
+/** A node that nothing was generated from or branched off yet: safe to change in place. */
+export function isUnused(tree, node) {
+  return node.choices.length === 0 && childrenOf(tree, node.id).length === 0;
+}
+
+/** Where `after` differs from `before`: the lengths of their common start and end. */
+export function change(before, after) {
+  const most = Math.min(before.length, after.length);
+  let prefix = 0;
+  while (prefix < most && before[prefix] === after[prefix]) prefix++;
+  let suffix = 0;
+  while (
+    suffix < most - prefix &&
+    before[before.length - 1 - suffix] === after[after.length - 1 - suffix]
+  ) {
+    suffix++;
+  }
+  return { prefix, suffix };
+}
+
+/** The text this node put in place of its parent's (what the tree shows as its label). */
 export function addedText(tree, node) {
   const parent = tree.nodes.get(node.parent);
-  if (parent && node.text.startsWith(parent.text)) return node.text.slice(parent.text.length);
-  return node.text;
+  if (!parent) return node.text;
+  const { prefix, suffix } = change(parent.text, node.text);
+  return node.text.slice(prefix, node.text.length - suffix);
+}
+
+/** Who wrote each part of a node's text: runs `{start, end, who}` with who "writer" or
+ * "model", in order, covering the whole text. */
+export function authorship(tree, id) {
+  let runs = [];
+  let text = "";
+  for (const nodeId of pathTo(tree, id, tree.nodes.size)) {
+    const node = tree.nodes.get(nodeId);
+    runs = carryRuns(runs, text, node.text, node.model_chars ?? 0);
+    text = node.text;
+  }
+  return runs;
+}
+
+/** The runs of `after`, given those of `before`: the unchanged start and end keep their
+ * authors; of the new middle, the first `modelChars` are the model's, the rest the writer's. */
+export function carryRuns(runs, before, after, modelChars = 0) {
+  const { prefix, suffix } = change(before, after);
+  const middleEnd = after.length - suffix;
+  const shift = after.length - before.length;
+  const out = [];
+  const push = (start, end, who) => {
+    if (end <= start) return;
+    const last = out[out.length - 1];
+    if (last && last.who === who && last.end === start) last.end = end;
+    else out.push({ start, end, who });
+  };
+  for (const r of runs) push(r.start, Math.min(r.end, prefix), r.who);
+  push(prefix, Math.min(prefix + modelChars, middleEnd), "model");
+  push(prefix + modelChars, middleEnd, "writer");
+  const tail = before.length - suffix;
+  for (const r of runs) push(Math.max(r.start, tail) + shift, r.end + shift, r.who);
+  return out;
+}
+
+/** Removes `id` and everything below it; returns how many nodes went. */
+export function deleteSubtree(tree, id) {
+  const doomed = new Set([id]);
+  let grew = true;
+  while (grew) {
+    grew = false;
+    for (const node of tree.nodes.values()) {
+      if (!doomed.has(node.id) && doomed.has(node.parent)) {
+        doomed.add(node.id);
+        grew = true;
+      }
+    }
+  }
+  const parent = tree.nodes.get(id)?.parent ?? null;
+  for (const gone of doomed) tree.nodes.delete(gone);
+  if (doomed.has(tree.current)) tree.current = parent;
+  return doomed.size;
+}
+
+/** Removes the other branches beside `id` (its siblings and what grew from them), except
+ * bookmarked ones; returns how many nodes went. Beside a story's first node, only its
+ * retries count: the other first nodes are other stories. */
+export function pruneSiblings(tree, id) {
+  const node = tree.nodes.get(id);
+  let removed = 0;
+  for (const sibling of siblingsOf(tree, id)) {
+    const other = sibling.parent === null && sibling.text !== node.text;
+    if (sibling.id !== id && !sibling.bookmarked && !other) {
+      removed += deleteSubtree(tree, sibling.id);
+    }
+  }
+  return removed;
+}
+
+/** Adds every node of `other` to `tree` under new ids; returns `other`'s current node's new id. */
+export function merge(tree, other) {
+  const offset = tree.nextId - Math.min(...other.nodes.keys());
+  for (const node of other.nodes.values()) {
+    const copy = { ...node, id: node.id + offset };
+    if (copy.parent !== null) copy.parent += offset;
+    if (copy.retry_of !== null) copy.retry_of += offset;
+    tree.nodes.set(copy.id, copy);
+  }
+  tree.nextId = Math.max(...tree.nodes.keys()) + 1;
+  return other.current === null ? null : other.current + offset;
+}
+
+/** A copy to change freely (for undo): nodes and choices are copied, texts and the words
+ * of finished continuations shared (they are never changed in place). */
+export function clone(tree) {
+  const copy = { ...tree, context: { ...tree.context }, nodes: new Map() };
+  for (const [id, node] of tree.nodes) {
+    copy.nodes.set(id, { ...node, choices: node.choices.map((c) => ({ ...c })) });
+  }
+  return copy;
 }
 
 export function toJSON(tree, model) {
@@ -64,15 +197,21 @@ export function toJSON(tree, model) {
     model,
     exported: new Date().toISOString(),
     current: tree.current,
+    context: tree.context,
     nodes: [...tree.nodes.values()],
   };
 }
 
-/** Parses an exported tree, throwing an Error that says what is wrong with it. */
-export function fromJSON(data) {
+/** Parses an exported tree, throwing an Error that says what is wrong with it. With
+ * `allowNoCurrent` (the browser's own copy), no current node means "a new story". */
+export function fromJSON(data, { allowNoCurrent = false } = {}) {
   if (!data || data.format !== FORMAT) throw new Error(`not a ${FORMAT} file`);
-  if (!Array.isArray(data.nodes) || data.nodes.length === 0) throw new Error("no nodes");
   const tree = createTree();
+  if (allowNoCurrent && Array.isArray(data.nodes) && data.nodes.length === 0) {
+    tree.context = { ...emptyContext(), ...checkContext(data.context) };
+    return tree;
+  }
+  if (!Array.isArray(data.nodes) || data.nodes.length === 0) throw new Error("no nodes");
   for (const raw of data.nodes) tree.nodes.set(raw.id, checkNode(raw));
   for (const node of tree.nodes.values()) {
     if (node.parent !== null && !tree.nodes.has(node.parent)) {
@@ -81,10 +220,14 @@ export function fromJSON(data) {
     if (pathTo(tree, node.id, tree.nodes.size).length > tree.nodes.size) {
       throw new Error(`node ${node.id} is its own ancestor`);
     }
+    if (node.retry_of !== null && !tree.nodes.has(node.retry_of)) node.retry_of = null;
   }
   tree.nextId = Math.max(...tree.nodes.keys()) + 1;
-  tree.current = tree.nodes.has(data.current) ? data.current : roots(tree)[0]?.id ?? null;
-  if (tree.current === null) throw new Error("the tree has no root");
+  tree.context = { ...emptyContext(), ...checkContext(data.context) };
+  if (tree.nodes.has(data.current)) tree.current = data.current;
+  else if (allowNoCurrent && data.current === null) tree.current = null;
+  else tree.current = childrenOf(tree, null)[0]?.id ?? null;
+  if (tree.current === null && !allowNoCurrent) throw new Error("the tree has no root");
   return tree;
 }
 
@@ -92,19 +235,51 @@ function checkNode(raw) {
   if (!Number.isInteger(raw?.id) || typeof raw.text !== "string" || !Array.isArray(raw.choices)) {
     throw new Error("each node needs an integer id, a text and a list of choices");
   }
+  const via = Number.isInteger(raw.via) ? raw.via : null;
+  const parent = Number.isInteger(raw.parent) ? raw.parent : null;
   return {
     id: raw.id,
-    parent: Number.isInteger(raw.parent) ? raw.parent : null,
-    via: Number.isInteger(raw.via) ? raw.via : null,
+    parent,
+    via,
     text: raw.text,
-    choices: raw.choices.map((c) => ({
-      text: String(c?.text ?? ""),
-      finish_reason: c?.finish_reason ?? null,
-      tokens: Number(c?.tokens) || 0,
-      edited: Boolean(c?.edited),
-    })),
+    // Version 1 did not say; an accepted continuation was the model's text.
+    model_chars: Number.isInteger(raw.model_chars) ? raw.model_chars : via === null ? 0 : Infinity,
+    retry_of: Number.isInteger(raw.retry_of) ? raw.retry_of : null,
+    bookmarked: Boolean(raw.bookmarked),
+    choices: raw.choices.map(checkChoice),
     params: raw.params ?? null,
+    context: raw.context ? checkContext(raw.context) : null,
     stats: raw.stats ?? null,
     created: raw.created ?? null,
+  };
+}
+
+function checkChoice(c) {
+  const choice = {
+    text: String(c?.text ?? ""),
+    finish_reason: c?.finish_reason ?? null,
+    tokens: Number(c?.tokens) || 0,
+    edited: Boolean(c?.edited),
+  };
+  if (typeof c?.original === "string") choice.original = c.original;
+  if (Array.isArray(c?.pieces)) {
+    choice.pieces = c.pieces
+      .filter((p) => typeof p?.t === "string")
+      .map((p) => ({
+        t: p.t,
+        lp: typeof p.lp === "number" ? p.lp : null,
+        top: Array.isArray(p.top) ? p.top.filter((a) => typeof a?.[0] === "string") : [],
+      }));
+  }
+  return choice;
+}
+
+function checkContext(raw) {
+  if (!raw || typeof raw !== "object") return {};
+  const depth = Number(raw.depth);
+  return {
+    memory: String(raw.memory ?? ""),
+    note: String(raw.note ?? ""),
+    depth: Number.isInteger(depth) && depth >= 1 ? depth : 3,
   };
 }

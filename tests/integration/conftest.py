@@ -7,6 +7,9 @@ import pytest
 
 from llama_srb.testing import RunningServer, run_server
 
+# The browser for the UI tests (test_ui_*.py), launched once per session.
+from tests.integration.ui_helpers import browser, open_ui  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:

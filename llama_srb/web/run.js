@@ -1,0 +1,85 @@
+// One generation as the page runs it: the streamed request, its chunks into the node's
+// cards (text, words, finish reasons, token counts), and its timing for the top bar.
+
+import { streamCompletion } from "./api.js";
+import * as Words from "./words.js";
+
+/**
+ * Streams `body` for `run` ({controller, node}). `open()` makes the node once the server
+ * has accepted the request (and may return null to give up); `update(index, choice)` hears
+ * every change to a card. Resolves to null when the server finished, else to the error
+ * (an AbortError when stopped); the node's open cards and its stats are settled either way.
+ */
+export async function stream(run, body, { apiKey, open, update }) {
+  const timing = { start: performance.now(), first: null, usage: null };
+  let failure = null;
+  try {
+    await streamCompletion(body, {
+      apiKey,
+      signal: run.controller.signal,
+      onOpen: () => {
+        run.node = open();
+        if (!run.node) run.controller.abort();
+      },
+      onChunk: (chunk) => onChunk(run.node, chunk, timing, update),
+    });
+  } catch (err) {
+    failure = err;
+  }
+  const stopped = failure?.name === "AbortError";
+  // "incomplete": the stream ended without finish reasons.
+  finishOpen(run.node, failure ? (stopped ? "stopped" : "error") : "incomplete");
+  if (run.node) run.node.stats = stats(run.node, timing);
+  return failure;
+}
+
+export function emptyChoice(logprobs) {
+  const choice = { text: "", finish_reason: null, tokens: 0, edited: false };
+  if (logprobs) choice.pieces = [];
+  return choice;
+}
+
+export function finishOpen(node, reason) {
+  for (const choice of node?.choices ?? []) choice.finish_reason ??= reason;
+}
+
+function onChunk(node, chunk, timing, update) {
+  if (chunk.usage) timing.usage = chunk.usage;
+  for (const delta of chunk.choices ?? []) {
+    const choice = node?.choices[delta.index];
+    if (!choice) continue;
+    if (delta.text) {
+      timing.first ??= performance.now();
+      choice.text += delta.text;
+      // One piece per engine step and choice, so pieces ≈ tokens (with logprobs: exact).
+      choice.tokens += delta.logprobs?.tokens?.length || 1;
+    }
+    if (choice.pieces && delta.logprobs) choice.pieces.push(...Words.piecesOf(delta.logprobs));
+    if (delta.finish_reason) finish(node, choice, delta.finish_reason);
+    update(delta.index, choice);
+  }
+}
+
+function finish(node, choice, reason) {
+  choice.finish_reason = reason;
+  // Reaching max_tokens makes the count exact.
+  if (reason === "length") choice.tokens = node.params.max_tokens ?? choice.tokens;
+  if (choice.pieces) {
+    const aligned = Words.align(choice.pieces, choice.text);
+    if (aligned) choice.pieces = aligned;
+    else delete choice.pieces; // words that do not add up to the text: show the text
+  }
+}
+
+function stats(node, { start, first, usage }) {
+  const end = performance.now();
+  const tokens = usage?.completion_tokens ?? node.choices.reduce((sum, c) => sum + c.tokens, 0);
+  // Generation speed: tokens of all n continuations over the time since the first one arrived.
+  const seconds = first === null ? 0 : (end - first) / 1000;
+  return {
+    ttft_ms: first === null ? null : Math.round(first - start),
+    tokens_per_s: seconds > 0 ? tokens / seconds : null,
+    completion_tokens: tokens,
+    prompt_tokens: usage?.prompt_tokens ?? null,
+  };
+}

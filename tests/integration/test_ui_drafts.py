@@ -1,0 +1,136 @@
+"""The writer's own words are never lost (issue 13, defect 1), the story shows its newest
+text (defect 7), and the page keeps its place and its numbers (defect 9)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from llama_srb.testing import RunningServer
+from tests.integration.ui_helpers import (
+    PHONE,
+    PROMPT,
+    card_text,
+    cards,
+    expect,
+    expect_current,
+    exported_tree,
+    in_viewport,
+    start_story,
+    tree_node,
+    wait_finished,
+)
+
+TYPED = " Tom wrote back at once."
+
+
+def test_typing_is_kept_through_use_navigation_reload_and_new_story(
+    open_ui: Any, server: RunningServer
+) -> None:
+    page = open_ui(server.base_url)
+    story = page.get_by_test_id("story")
+    first = start_story(page, n=2, max_tokens=4, seed=1)
+
+    # Type at the end of a story that already has continuations; a reload keeps the draft.
+    story.press("End")
+    story.press_sequentially(TYPED)
+    expect(page.get_by_test_id("draft-state")).to_be_visible()
+    page.reload()
+    expect(story).to_have_value(PROMPT + TYPED)
+    expect(page.get_by_test_id("draft-state")).to_be_visible()
+
+    # "Use this": the card continues the node's text, and the typing is kept as its own node.
+    cards(page).nth(0).get_by_test_id("use").click()
+    expect(page.get_by_test_id("notice")).to_have_text(
+        "Your edit of the story is kept in the tree as #2."
+    )
+    expect_current(page, 3)
+    expect(story).to_have_value(PROMPT + first[0]["text"])
+    wait_finished(page, 2)
+    tree_node(page, 2).click()
+    expect(story).to_have_value(PROMPT + TYPED)
+    expect(tree_node(page, 2)).to_have_attribute("data-kind", "writer")
+
+    # Going elsewhere keeps an edit too, as a new node under the one it was typed on.
+    tree_node(page, 3).click()
+    story.press("End")
+    story.press_sequentially(" The end.")
+    tree_node(page, 1).click()
+    expect(page.get_by_test_id("notice")).to_contain_text("#4")
+    expect(story).to_have_value(PROMPT)
+    tree_node(page, 4).click()
+    expect(story).to_have_value(PROMPT + first[0]["text"] + " The end.")
+    nodes = {n["id"]: n for n in exported_tree(page)["nodes"]}
+    assert (nodes[2]["parent"], nodes[3]["parent"], nodes[4]["parent"]) == (1, 1, 3)
+    assert nodes[2]["text"] == PROMPT + TYPED
+
+    # A new story's draft survives a reload, and the old story stays in the tree.
+    page.get_by_test_id("new-story").click()
+    expect(story).to_have_value("")
+    story.fill("A new tale begins")
+    page.reload()
+    expect(story).to_have_value("A new tale begins")
+    expect(page.locator('[data-testid="tree-node"][aria-current="true"]')).to_have_count(0)
+    expect(page.get_by_test_id("tree-node")).to_have_count(4)
+
+
+def long_story(lines: int = 14) -> str:
+    return "\n".join(f"Line {i}: the tide came in and went out again." for i in range(lines))
+
+
+def story_at_end(page: Any) -> bool:
+    return bool(
+        page.get_by_test_id("story").evaluate(
+            "s => s.scrollHeight > s.clientHeight && s.scrollTop + s.clientHeight >= s.scrollHeight - 2"
+        )
+    )
+
+
+def test_story_shows_its_end_on_a_phone(open_ui: Any, server: RunningServer) -> None:
+    page = open_ui(server.base_url, **PHONE)
+    story = page.get_by_test_id("story")
+    start_story(page, long_story(), n=2, max_tokens=4, seed=2)
+    assert story_at_end(page)
+
+    # After "Use this" the new text is in view, inside the box and on the page.
+    page.evaluate("window.scrollTo(0, document.body.scrollHeight)")
+    cards(page).nth(1).get_by_test_id("use").click()
+    expect_current(page, 2)
+    assert story_at_end(page)
+    assert in_viewport(page, story), (story.bounding_box(), page.evaluate("scrollY"))
+    wait_finished(page, 2)
+
+    page.reload()
+    expect(story).not_to_have_value("")
+    assert story_at_end(page)
+    # No keyboard hints on a phone, nothing wider than the screen.
+    expect(page.locator("kbd").first).to_be_hidden()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+
+
+def test_desktop_cards_rows_place_and_stats(open_ui: Any, server: RunningServer) -> None:
+    page = open_ui(server.base_url)
+    expect(page.locator('link[rel="icon"]')).to_have_count(1)  # no /favicon.ico 404
+    start_story(page, n=4, max_tokens=3, seed=4)
+
+    # Four cards at 1280 px: two rows of two, not three and one.
+    xs = sorted({round(cards(page).nth(i).bounding_box()["x"]) for i in range(4)})
+    ys = sorted({round(cards(page).nth(i).bounding_box()["y"]) for i in range(4)})
+    assert len(xs) == 2 and len(ys) == 2, (xs, ys)
+
+    # "Use this" keeps the story and the top bar where they were.
+    first_stats = page.get_by_test_id("stats-ttft").inner_text()
+    assert re.fullmatch(r"\d+ ms", first_stats)
+    cards(page).nth(2).get_by_test_id("use").click()
+    wait_finished(page, 4)
+    assert page.evaluate("window.scrollY") == 0
+    assert in_viewport(page, page.get_by_test_id("story"))
+
+    # The top bar shows the shown node's numbers, after a reload too.
+    page.reload()
+    expect(page.get_by_test_id("stats-ttft")).to_have_text(re.compile(r"^\d+ ms$"))
+    tree_node(page, 1).click()
+    expect(page.get_by_test_id("stats-ttft")).to_have_text(first_stats)
+    page.get_by_test_id("new-story").click()
+    expect(page.get_by_test_id("stats-ttft")).to_have_text("–")
+    expect(card_text(page, 0)).to_have_count(0)
