@@ -37,7 +37,7 @@ def install_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
             allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type"],
+            allow_headers=["Authorization", "Content-Type", "X-Session-Id"],
             max_age=600,
         )
     app.add_middleware(

@@ -17,6 +17,17 @@ function headers(apiKey) {
   return h;
 }
 
+/** A name for a story, from the text of its tree's root (FNV-1a): sent as X-Session-Id, so
+ * that behind a balancer (deploy/nginx.conf) every branch of one story reaches the replica
+ * whose prefix cache holds it. */
+export function sessionOf(rootText) {
+  let hash = 0x811c9dc5;
+  for (const ch of String(rootText)) {
+    hash = Math.imul(hash ^ ch.codePointAt(0), 0x01000193) >>> 0;
+  }
+  return `story-${hash.toString(16)}`;
+}
+
 /** The server's error body (`{error: {message, param}}`) as an ApiError, whatever the status. */
 async function errorOf(response) {
   let message = `${response.status} ${response.statusText}`;
@@ -43,10 +54,10 @@ export async function fetchModelName(apiKey) {
  * `onChunk(json)` for each event until `[DONE]`. Aborting `signal` closes the connection,
  * which cancels the generation on the server.
  */
-export async function streamCompletion(body, { apiKey, signal, onOpen, onChunk }) {
+export async function streamCompletion(body, { apiKey, session, signal, onOpen, onChunk }) {
   const response = await fetch("v1/completions", {
     method: "POST",
-    headers: headers(apiKey),
+    headers: { ...headers(apiKey), "X-Session-Id": session },
     body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
     signal,
   });

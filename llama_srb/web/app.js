@@ -2,7 +2,7 @@
 // it, go elsewhere in the tree, undo) as changes to the tree (tree.js) and the requests
 // they make (run.js), then a redraw. Drawing, keys and storage live in the other modules.
 
-import { ApiError } from "./api.js";
+import { ApiError, sessionOf } from "./api.js";
 import { ask } from "./ask.js";
 import * as Branches from "./branches.js";
 import * as Cards from "./cards.js";
@@ -151,6 +151,10 @@ function acceptText(node, index, added) {
   start({ parent: node.id, via: index, text: node.text + added, modelChars, kept });
 }
 
+function rootOf(id) {
+  return state.tree.nodes.get(Tree.pathTo(state.tree, id)[0]);
+}
+
 async function start(plan) {
   const bad = Settings.invalidField($("settings"));
   if (bad) {
@@ -169,6 +173,7 @@ async function start(plan) {
   render();
   const failure = await Run.stream(run, { ...fields, prompt: buildPrompt(plan.text, context) }, {
     apiKey: Connection.apiKey(),
+    session: sessionOf(plan.parent == null ? plan.text : rootOf(plan.parent).text),
     open: () => openNode(run, fields, context),
     update: (index, choice) => {
       if (Tree.currentNode(state.tree) === run.node) Cards.update(index, choice, isStreaming(choice));

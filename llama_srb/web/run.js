@@ -10,12 +10,13 @@ import * as Words from "./words.js";
  * every change to a card. Resolves to null when the server finished, else to the error
  * (an AbortError when stopped); the node's open cards and its stats are settled either way.
  */
-export async function stream(run, body, { apiKey, open, update }) {
+export async function stream(run, body, { apiKey, session, open, update }) {
   const timing = { start: performance.now(), first: null, usage: null };
   let failure = null;
   try {
     await streamCompletion(body, {
       apiKey,
+      session,
       signal: run.controller.signal,
       onOpen: () => {
         run.node = open();

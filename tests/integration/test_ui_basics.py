@@ -21,6 +21,7 @@ from tests.integration.ui_helpers import (
     model_id,
     screenshot,
     set_settings,
+    start_story,
     tree_node,
     wait_finished,
     wait_until,
@@ -151,3 +152,23 @@ def test_api_key_is_asked_for_at_the_top_and_checked_as_typed(open_ui: Any, tmp_
         wait_finished(page, 2)
         page.evaluate("window.scrollTo(0, 0)")
         screenshot(page, "phone.png", tmp_path)
+
+
+def test_every_branch_of_a_story_names_the_same_session(
+    open_ui: Any, server: RunningServer
+) -> None:
+    """Behind deploy/nginx.conf the UI's X-Session-Id keeps a story on one replica: the
+    same for every branch of a story, another for another story."""
+    page = open_ui(server.base_url)
+    sessions: list[str] = []
+    page.on(
+        "request",
+        lambda r: r.url.endswith("/v1/completions") and sessions.append(r.headers["x-session-id"]),
+    )
+    start_story(page, n=2, max_tokens=4, seed=1)
+    cards(page).nth(0).get_by_test_id("use").click()
+    wait_finished(page, 2)
+    page.get_by_test_id("new-story").click()
+    start_story(page, "A different story begins here, far from the sea.", n=2, max_tokens=4)
+    assert len(sessions) == 3 and sessions[0] == sessions[1] != sessions[2], sessions
+    assert all(s.startswith("story-") for s in sessions)
