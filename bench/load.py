@@ -34,7 +34,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.testing import RunningServer, run_server
-from llama_srb.testing_nginx import run_balancer
+from llama_srb.testing_cluster import run_balancer
 
 PROMPTS = (
     "The lighthouse keeper found a letter on the rocks. It said:",

@@ -12,8 +12,8 @@ import time
 import llama_cpp as C
 
 from llama_srb.config import Settings
-from llama_srb.engine.loader import model_options, open_context
-from llama_srb.engine.native import Batch, Model
+from llama_srb.loader import model_options, open_context
+from llama_srb.native import Batch, Model
 
 
 def default_chain(seed: int) -> C.llama_sampler_p:

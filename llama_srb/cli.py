@@ -29,14 +29,19 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     return str, None  # paths, strings, comma lists: Settings parses them
 
 
+# Other spellings of a flag: `--n` is what the tool this server replaces called --max-n.
+FLAG_ALIASES: dict[str, tuple[str, ...]] = {"max_n": ("--n",)}
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     for name, info in Settings.model_fields.items():
+        flags = (f"--{name.replace('_', '-')}", *FLAG_ALIASES.get(name, ()))
         kind, choices = _flag_type(info.annotation)
         env = f"LLAMA_SRB_{name.upper()}"
         default = info.default.value if isinstance(info.default, enum.Enum) else info.default
         if info.annotation is bool:  # a switch: --log-prompts / --no-log-prompts
             parser.add_argument(
-                f"--{name.replace('_', '-')}",
+                *flags,
                 dest=name,
                 action=argparse.BooleanOptionalAction,
                 default=None,
@@ -44,7 +49,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
             )
             continue
         parser.add_argument(
-            f"--{name.replace('_', '-')}",
+            *flags,
             dest=name,
             type=kind,
             choices=choices,
@@ -98,11 +103,17 @@ def serve_forever(settings: Settings, log_level: str) -> None:
 
     from llama_srb.api.app import create_app
     from llama_srb.api.shutdown import serve
+    from llama_srb.rpc import RpcUnavailable, check_reachable
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     settings.resolved_model_path()  # assemble the bundled model before listening
+    if settings.rpc:
+        try:
+            check_reachable(settings.rpc)
+        except RpcUnavailable as exc:
+            sys.exit(f"llama-srb: {exc}")
     app = create_app(settings)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level)
     serve(config, app.state.srb)  # graceful on SIGTERM: see api/shutdown.py

@@ -63,7 +63,8 @@ class Settings(BaseSettings):
     chat_template: FilePath | None = Field(
         None,
         description="Jinja chat template file for /v1/chat/completions; default: the model's"
-        " own (tokenizer.chat_template in the GGUF)",
+        " own (tokenizer.chat_template in the GGUF), else Gemma 3's for a Gemma 3 model, else"
+        " ChatML",
     )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(9090, ge=0, le=65535, description="port to listen on (0: any free port)")
@@ -105,6 +106,11 @@ class Settings(BaseSettings):
         None, description="fraction of the model per GPU, comma-separated (e.g. 3,1)"
     )
     main_gpu: int = Field(0, ge=0, description="GPU used with --split-mode none")
+    rpc: list[str] | None = Field(
+        None,
+        description="llama.cpp rpc-server workers (host:port, comma-separated) whose devices"
+        " hold layers of the model, as llama.cpp's --rpc (with --n-gpu-layers, --tensor-split)",
+    )
     cpu_repack: bool = Field(
         False,
         description="repack CPU weights for AMX/AVX-512 kernels (crashes where AMX is not enabled)",
@@ -153,9 +159,9 @@ class Settings(BaseSettings):
             return [float(part) for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "rpc", mode="before")
     @classmethod
-    def _split_origins(cls, value: object) -> object:
+    def _split_commas_as_strings(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

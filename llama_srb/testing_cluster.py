@@ -1,9 +1,12 @@
-"""Run deploy/nginx.conf in front of running servers, on loopback: for tests and benchmarks."""
+"""The other processes of a cluster, on loopback, for tests and benchmarks: deploy/nginx.conf
+in front of running servers, and llama.cpp rpc-server workers."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -75,3 +78,33 @@ def run_balancer(tmp_dir: Path, replicas: Sequence[str]) -> Iterator[RunningBala
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+# Built by `make test` / `make rpc-worker` and passed in by the Makefile.
+RPC_SERVER = os.environ.get("LLAMA_SRB_RPC_SERVER", "")
+
+
+@contextmanager
+def run_rpc_worker(tmp_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """llama.cpp's rpc-server on a free port: its host:port and its process."""
+    port = free_port()
+    with (tmp_dir / f"rpc-{port}.log").open("wb") as log:
+        process = subprocess.Popen(
+            [RPC_SERVER, "--host", "127.0.0.1", "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"rpc-server did not start on port {port}") from None
+                time.sleep(0.1)
+        yield f"127.0.0.1:{port}", process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -21,9 +21,12 @@ from llama_srb.api.chat_protocol import ChatRequest
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import EngineCollector
 from llama_srb.api.middleware import install_middleware
+from llama_srb.api.native_protocol import NativeCompletionRequest
 from llama_srb.api.protocol import CompletionRequest
 from llama_srb.api.routes.chat import chat_router
 from llama_srb.api.routes.completions import completions_router
+from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest, dialects_router
+from llama_srb.api.routes.native import native_router
 from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest, tokenize_router
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
@@ -75,9 +78,24 @@ def create_app(settings: Settings) -> FastAPI:
     v1.include_router(chat_router(state))
     v1.include_router(tokenize_router(state))
     app.include_router(v1)
-    # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there.
+    # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there,
+    # and its own completion API (/completion, /props).
     app.include_router(tokenize_router(state))
-    document_bodies(app, [CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest])
+    app.include_router(native_router(state))
+    # TabbyAPI's and text-generation-webui's model and token routes, under /v1.
+    app.include_router(dialects_router(state))
+    document_bodies(
+        app,
+        [
+            CompletionRequest,
+            ChatRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+            NativeCompletionRequest,
+            EncodeRequest,
+            DecodeRequest,
+        ],
+    )
     # The browser UI: static files, no build step; mounted last so API routes win.
     app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from llama_srb.api import dialects
 from llama_srb.api.protocol import SamplingFields, Usage
 
 
@@ -31,6 +32,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(SamplingFields):
+    ALIASES: ClassVar[dialects.Aliases] = dialects.CHAT_ALIASES
+
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: int | None = Field(
         None, description="tokens to generate per choice (default: what fits in the context)"

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from llama_srb.api.protocol import SamplingFields
-from llama_srb.engine.native import Model
+from llama_srb.native import Model
 from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
 from llama_srb.sampling.params import ParamError, SamplingParams
 
 MAX_BIAS = 100.0  # OpenAI's range: ±100, where -100 bans a token and 100 all but forces it
 # Each branch's chain holds a copy; more entries than this is a vocabulary dump, not a bias.
 MAX_BIAS_ENTRIES = 4096
+MAX_BIAS_TEXT = 512  # a text in llama.cpp's list form is tokenized: bounded like a stop
 
 
 def request_params(
@@ -28,7 +30,7 @@ def request_params(
 ) -> SamplingParams:
     """The request's SamplingParams, its constraints included; ParamError when invalid."""
     params = body.sampling_params(
-        logit_bias=logit_bias(body.logit_bias, model.n_vocab),
+        logit_bias=logit_bias(body.logit_bias, model.n_vocab, _text_tokens(model)),
         grammar=grammar_for(body),
         **overrides,
     )
@@ -36,13 +38,19 @@ def request_params(
     return params
 
 
+def _text_tokens(model: Model) -> Callable[[str], list[int]]:
+    return lambda text: model.tokenize(text, add_special=False, parse_special=False)
+
+
 def grammar_for(body: SamplingFields) -> str | None:
-    """GBNF text from `grammar`, `response_format` or `json_schema`, if any was given."""
+    """GBNF text from `grammar`, `response_format` or `json_schema`, if any was given.
+    An empty grammar is none (SillyTavern sends `grammar: ""` when it has none)."""
     fmt = _json_format(body)
+    grammar = body.grammar or None
     given = [
         name
         for name, value in (
-            ("grammar", body.grammar),
+            ("grammar", grammar),
             ("response_format", fmt),
             ("json_schema", body.json_schema),
         )
@@ -50,8 +58,8 @@ def grammar_for(body: SamplingFields) -> str | None:
     ]
     if len(given) > 1:
         raise ParamError(given[1], f"give only one of {', '.join(given)}")
-    if body.grammar is not None:
-        return body.grammar
+    if grammar is not None:
+        return grammar
     schema = body.json_schema if body.json_schema is not None else fmt
     if schema is None:
         return None
@@ -111,28 +119,73 @@ def _check_repetitions(schema: object, param: str) -> None:
             stack.extend(node)
 
 
-def logit_bias(raw: dict[str, float] | None, n_vocab: int) -> tuple[tuple[int, float], ...]:
-    """`{"token id": bias}` as (id, bias) pairs, checked: an id out of range would crash
-    llama.cpp, and a bias outside ±100 is what OpenAI refuses too."""
+RawBias = dict[str, float | bool] | list[Any] | None
+
+
+def logit_bias(
+    raw: RawBias, n_vocab: int, tokenize: Callable[[str], list[int]] | None = None
+) -> tuple[tuple[int, float], ...]:
+    """The bias as (id, bias) pairs, checked: an id out of range would crash llama.cpp, and
+    a bias outside ±100 is what OpenAI refuses too. OpenAI's `{"token id": bias}`, or
+    llama.cpp's `[[token id or text, bias], ...]` where a text stands for each of its
+    tokens; `false` as a bias bans the token (-100)."""
     if not raw:
         return ()
-    if len(raw) > MAX_BIAS_ENTRIES:
+    entries: list[tuple[int | str, object]]
+    if isinstance(raw, dict):
+        entries = [(_token_id(key), bias) for key, bias in raw.items()]
+    else:
+        entries = [_pair(item) for item in raw]
+    if len(entries) > MAX_BIAS_ENTRIES:
         raise ParamError(
-            "logit_bias", f"logit_bias has {len(raw)} entries; at most {MAX_BIAS_ENTRIES}"
+            "logit_bias", f"logit_bias has {len(entries)} entries; at most {MAX_BIAS_ENTRIES}"
         )
     pairs: list[tuple[int, float]] = []
-    for key, bias in raw.items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}") from None
-        if not 0 <= token < n_vocab:
+    for key, bias in entries:
+        value = _bias(bias)
+        if isinstance(key, str):
+            if tokenize is None:
+                raise ParamError("logit_bias", "logit_bias texts are not taken here")
+            pairs += [(token, value) for token in tokenize(key)]
+            continue
+        if not 0 <= key < n_vocab:
             raise ParamError(
-                "logit_bias", f"logit_bias token {token} is not in the vocabulary [0, {n_vocab})"
+                "logit_bias", f"logit_bias token {key} is not in the vocabulary [0, {n_vocab})"
             )
-        if not math.isfinite(bias) or abs(bias) > MAX_BIAS:
-            raise ParamError(
-                "logit_bias", f"logit_bias for token {token} must be in [-100, 100], got {bias}"
-            )
-        pairs.append((token, float(bias)))
+        pairs.append((key, value))
+    if len(pairs) > MAX_BIAS_ENTRIES:
+        raise ParamError(
+            "logit_bias", f"logit_bias covers {len(pairs)} tokens; at most {MAX_BIAS_ENTRIES}"
+        )
     return tuple(pairs)
+
+
+def _token_id(key: str) -> int:
+    try:
+        return int(key)
+    except ValueError:
+        raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}") from None
+
+
+_PAIR = "logit_bias entries are [token id or text, bias] pairs"
+
+
+def _pair(item: object) -> tuple[int | str, object]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ParamError("logit_bias", f"{_PAIR}, got {item!r:.80}")
+    key, bias = item
+    if isinstance(key, bool) or not isinstance(key, int | str):
+        raise ParamError("logit_bias", f"{_PAIR}, got {item!r:.80}")
+    if isinstance(key, str) and len(key) > MAX_BIAS_TEXT:
+        raise ParamError("logit_bias", f"logit_bias texts must be at most {MAX_BIAS_TEXT} chars")
+    return key, bias
+
+
+def _bias(bias: object) -> float:
+    if bias is False:
+        return -MAX_BIAS  # llama.cpp's "never this token"
+    if isinstance(bias, bool) or not isinstance(bias, int | float):
+        raise ParamError("logit_bias", f"a logit_bias bias is a number or false, got {bias!r}")
+    if not math.isfinite(bias) or abs(bias) > MAX_BIAS:
+        raise ParamError("logit_bias", f"logit_bias biases must be in [-100, 100], got {bias}")
+    return float(bias)

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llama_srb.engine.generation import Interrupted, RequestTimedOut
+from llama_srb.engine.generation import EngineDied, Interrupted, RequestTimedOut
 from llama_srb.sampling.params import ParamError
 
 _TYPES = {
@@ -59,9 +59,11 @@ def sse_error(message: str, status: int = 500, code: str | None = None) -> str:
 
 
 def interrupted_error(exc: Interrupted) -> APIError:
-    """A request the runtime ended (timeout: 504, shutdown: 503) as an API error."""
-    status = 504 if isinstance(exc, RequestTimedOut) else 503
-    return APIError(status, str(exc), code=exc.code)
+    """A request the runtime ended (timeout: 504, shutdown or engine gone: 503) as an API error."""
+    if isinstance(exc, RequestTimedOut):
+        return APIError(504, str(exc), code="request_timeout")
+    code = "engine_failed" if isinstance(exc, EngineDied) else "server_shutting_down"
+    return APIError(503, str(exc), code=code)
 
 
 def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -79,6 +81,8 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
             "the request body is not valid JSON"
         ), None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if not loc and kind == "value_error":  # a check of the whole body: its own message
+        return str(first.get("msg", "invalid request body")).removeprefix("Value error, "), None
     if not loc:
         return "the request body must be a JSON object (send Content-Type: application/json)", None
     param = ".".join(loc)

@@ -15,10 +15,10 @@ from typing import cast
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.serving import build, discard
-from llama_srb.engine.loader import LoadedEngine
-from llama_srb.engine.native import Model
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.loader import LoadedEngine
+from llama_srb.native import Model
 from llama_srb.sampling.params import SamplingParams
 
 # Bounds the native objects (sampler chains) one HTTP call can make the server build.
@@ -75,13 +75,10 @@ def parse_prompts(raw: RawPrompt, model: Model, n_ctx: int) -> list[Prompt]:
 
 
 def _token_prompt(tokens: list[int], model: Model) -> Prompt:
-    bad = next((t for t in tokens if not 0 <= t < model.n_vocab), None)
-    if bad is not None:
-        raise APIError(
-            400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", param="prompt"
-        )
-    text = b"".join(model.piece(t) for t in tokens).decode("utf-8", errors="replace")
-    return Prompt(tokens, text)
+    error = model.vocab_error(tokens)
+    if error is not None:
+        raise APIError(400, error, param="prompt")
+    return Prompt(tokens, model.text(tokens))
 
 
 def count_prompts(raw: RawPrompt) -> int:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from llama_srb.api import dialects
 from llama_srb.sampling.params import SamplingParams
 
 # Passed through as the client sent them. logit_bias and grammar need the vocabulary and
@@ -45,8 +46,10 @@ class SamplingFields(BaseModel):
     """Sampler settings shared by every generation route; unset ones take the defaults
     of `SamplingParams` (llama.cpp's), so each default is declared in one place."""
 
-    # Clients such as SillyTavern send many fields of other servers: accept, ignore.
+    # Clients such as SillyTavern send many fields of other servers: the ones that mean
+    # ours are renamed (api/dialects.py), the rest accepted and ignored.
     model_config = ConfigDict(extra="ignore")
+    ALIASES: ClassVar[dialects.Aliases] = dialects.SAMPLING_ALIASES
 
     model: str | None = None
     n: int = Field(1, description="completions to return for the prompt")
@@ -72,21 +75,35 @@ class SamplingFields(BaseModel):
     dry_base: float | None = None
     dry_allowed_length: int | None = None
     dry_penalty_last_n: int | None = None
-    dry_sequence_breakers: list[str] | None = None
+    dry_sequence_breakers: list[str] | None = Field(
+        None, description="a list of strings, or one JSON-encoded in a string"
+    )
     top_n_sigma: float | None = None
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None
-    logit_bias: dict[str, float] | None = Field(
-        None, description="token id → bias added to its logit (-100 bans it)"
+    logit_bias: dict[str, float | bool] | list[Any] | None = Field(
+        None,
+        description="token id → bias added to its logit (-100 or false bans it); or, as"
+        " llama.cpp takes it, a list of [token id or text, bias or false] pairs",
     )
     response_format: ResponseFormat | None = None
     grammar: str | None = Field(None, description="GBNF grammar the output must match")
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output must match (llama.cpp's extension)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dialects(cls, data: object) -> object:
+        return dialects.canonical(data, cls.ALIASES) if isinstance(data, dict) else data
+
+    @field_validator("dry_sequence_breakers", mode="before")
+    @classmethod
+    def _breakers(cls, value: object) -> object:
+        return dialects.sequence_breakers(value)
 
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams from the fields the client set; raises ParamError when out of range."""
@@ -110,6 +127,8 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
+    ALIASES: ClassVar[dialects.Aliases] = dialects.COMPLETION_ALIASES
+
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         ...,
         description="the text to continue: a string, a token-id list, or a list of either"
@@ -125,7 +144,7 @@ class CompletionRequest(SamplingFields):
     @classmethod
     def _prompt_shape(cls, value: object) -> object:
         # One clear message instead of one error per member of the union.
-        if not _is_prompt(value):
+        if not is_prompt(value):
             raise ValueError(
                 "prompt must be a string, a list of strings, a list of token ids,"
                 " or a list of token-id lists"
@@ -139,7 +158,7 @@ def _is_token_list(value: object) -> bool:
     )
 
 
-def _is_prompt(value: object) -> bool:
+def is_prompt(value: object) -> bool:
     if isinstance(value, str) or _is_token_list(value):
         return True
     return isinstance(value, list) and (

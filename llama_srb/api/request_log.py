@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.engine.generation import Generation, Interrupted, RequestTimedOut
-from llama_srb.engine.native import Model
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request
+from llama_srb.native import Model
 
 log = logging.getLogger("llama_srb.requests")
 
@@ -103,4 +103,4 @@ class RequestLog:
         log.info("%s", record.line(prompt))
 
     def _detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.model.piece(t) for t in tokens).decode("utf-8", errors="replace")
+        return self.model.text(tokens)

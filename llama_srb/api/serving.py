@@ -17,9 +17,9 @@ from llama_srb.api.request_log import RequestLog
 from llama_srb.api.state import AppState
 from llama_srb.engine.engine import build_request
 from llama_srb.engine.generation import Interrupted
-from llama_srb.engine.loader import LoadedEngine
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.loader import LoadedEngine
 from llama_srb.sampling.params import SamplingParams
 
 T = TypeVar("T")
@@ -70,9 +70,7 @@ def build(
 def discard(requests: list[EngineRequest]) -> None:
     """Free the native samplers of requests that were built but will never be submitted."""
     for request in requests:
-        for seq in request.sequences:
-            if seq.sampler is not None:
-                seq.sampler.close()
+        request.close()
 
 
 def generate(state: AppState, request: EngineRequest) -> AsyncIterator[RequestOutput]:

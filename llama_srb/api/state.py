@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.metrics import ServerMetrics
+from llama_srb.api.templates import ServedTemplate, serve_template
 from llama_srb.api.workers import Workers
 from llama_srb.config import Settings
-from llama_srb.engine.loader import LoadedEngine, load_engine
+from llama_srb.loader import LoadedEngine, load_engine
 
 log = logging.getLogger(__name__)
 
@@ -23,12 +24,18 @@ class AppState:
     settings: Settings
     created: int = field(default_factory=lambda: int(time.time()))
     loaded: LoadedEngine | None = None
+    chat: ServedTemplate | None = None  # the chat template, chosen when the model loads
     load_error: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
     draining: bool = False  # SIGTERM received: finishing what runs, taking nothing new
     engine_failure: str | None = None  # the engine thread died: the server must exit
     # Request preparation (tokenize, grammar, sampler chains) runs here, off the loop.
     workers: Workers = field(default_factory=lambda: Workers(PREPARE_WORKERS))
+
+    def chat_template(self) -> ServedTemplate:
+        self.ready()
+        assert self.chat is not None  # set before `loaded`
+        return self.chat
 
     def ready(self) -> LoadedEngine:
         """The loaded engine, or a 503 that says why there is none."""
@@ -45,8 +52,17 @@ class AppState:
         def on_death(reason: str) -> None:  # on the dying engine thread
             loop.call_soon_threadsafe(self._engine_died, reason)
 
+        def load() -> LoadedEngine:
+            loaded = load_engine(self.settings, on_death)
+            try:
+                self.chat = serve_template(self.settings.chat_template, loaded.model)
+            except BaseException:
+                loaded.close()
+                raise
+            return loaded
+
         try:
-            self.loaded = await asyncio.to_thread(load_engine, self.settings, on_death)
+            self.loaded = await asyncio.to_thread(load)
         except Exception as exc:  # reported by /health and every route, not a crash
             log.exception("model load failed")
             self.load_error = f"{type(exc).__name__}: {exc}"

@@ -3,7 +3,7 @@
 Tokenizing megabytes, parsing a grammar, converting a JSON schema and building n sampler
 chains take from milliseconds to seconds; on the event loop they would freeze every other
 client (`/health` included). The threads have the big stack llama.cpp's recursive grammar
-parser needs (engine/native.py).
+parser needs (native.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from llama_srb.engine.native import native_thread
+from llama_srb.native import native_thread
 
 T = TypeVar("T")
 

@@ -1,27 +1,34 @@
-"""The engine: plan a step, decode it, sample every branch, publish what changed.
+"""The engine: one step = schedule → decode → sample → postprocess, returning its outputs.
 
-Single-threaded by design: only the engine thread (runtime.py) calls into it.
+Single-threaded by design: only the engine thread (runtime.py) calls into it. Every call
+that can end a request (`step`, `add`, `abort`, `fail`, `fail_all`) returns the outputs it
+produced; the runtime delivers them to their readers.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from llama_srb.engine.context import DecodeContext, Vocabulary
 from llama_srb.engine.histogram import Histogram
 from llama_srb.engine.kv import KvBudget, KvOp
-from llama_srb.engine.native import Batch, Context, DecodeError, Model
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.native import Batch, DecodeError, Model
 from llama_srb.sampling.chain import build_chains
 from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
 from llama_srb.sampling.logprobs import RowScores, score_token
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -53,7 +60,7 @@ class EngineSnapshot:
 
 
 class Engine:
-    def __init__(self, model: Model, ctx: Context, budget: KvBudget) -> None:
+    def __init__(self, model: Vocabulary, ctx: DecodeContext, budget: KvBudget) -> None:
         self.model = model
         self.ctx = ctx
         self.scheduler = Scheduler(budget, ctx.n_batch)
@@ -66,35 +73,60 @@ class Engine:
     def close(self) -> None:
         self.batch.close()
 
-    # -- submissions (called on the engine thread) -------------------------------------
+    def warm_up(self) -> None:
+        self.ctx.warm_up(self.model.bos)
 
-    def add(self, request: Request) -> None:
+    @property
+    def has_work(self) -> bool:
+        """Whether `step` would decode anything now (else wait for a submission)."""
+        return self.scheduler.has_work
+
+    # -- submissions and endings (on the engine thread); each returns its outputs ------
+
+    def add(self, request: Request) -> list[RequestOutput]:
         if not self.scheduler.budget.fits_ever(request):
             # The API refuses these up front; this guards direct engine users.
-            self.fail(request, f"needs {request.cells_needed} KV cells, {self.ctx.n_ctx} exist")
-            return
+            message = f"needs {request.cells_needed} KV cells, {self.ctx.n_ctx} exist"
+            return self.fail([request], message)
         self.scheduler.add(request)
+        return []
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        """The reader is gone (or out of time): end the request before the next step."""
         request = self.scheduler.find(request_id)
-        if request is not None:
-            self._end(request, FinishReason.ABORT)
+        return [] if request is None else self._end_requests([request], FinishReason.ABORT)
+
+    def fail(self, requests: Iterable[Request], message: str) -> list[RequestOutput]:
+        """End requests with an error: theirs, or the engine's."""
+        return self._end_requests(requests, FinishReason.ERROR, message)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """After an unexpected engine error or at shutdown: end everything in flight."""
+        return self.fail(self.scheduler.requests, message)
 
     # -- the step ----------------------------------------------------------------------
 
-    def step(self) -> bool:
-        """Run one decode step; False when there was nothing to do."""
+    def step(self) -> list[RequestOutput]:
+        """Run one decode step and return the outputs it produced (often none: a step
+        that only prefills, or one with nothing to do)."""
         plan = self.scheduler.schedule()
+        self._apply(plan.kv_ops)
+        outputs: list[RequestOutput] = []
         if not plan.empty:
             try:
                 self._decode(plan)
-            except DecodeError as exc:
-                for request in {id(r): r for r in self._requests_in(plan)}.values():
-                    self.fail(request, str(exc))
-            else:
-                self._sample(plan)
+                self._apply(self.scheduler.prefilled(plan))
+                sampled = self._sample(plan)
+                ops = self.scheduler.postprocess(sampled)
+                outputs = [self._output(request, choices) for request, choices in sampled]
+                self._apply(ops)
+            except DecodeError as exc:  # this batch failed: its requests end, others go on
+                outputs = self.fail(plan.requests, str(exc))
+            except Exception as exc:  # keep serving: fail what was in flight, not the server
+                log.exception("engine step failed")
+                outputs += self.fail_all(f"engine error: {exc}")
         self.publish_snapshot()
-        return not plan.empty
+        return outputs
 
     def publish_snapshot(self) -> None:
         """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
@@ -111,7 +143,6 @@ class Engine:
         )
 
     def _decode(self, plan: StepPlan) -> None:
-        self._apply(plan.kv_ops)
         batch = self.batch
         batch.clear()
         for request, seq in plan.decode:
@@ -135,35 +166,27 @@ class Engine:
         self.stats.steps += 1
         self.stats.prompt_tokens_evaluated += plan.n_tokens - len(plan.decode)
 
-    def _sample(self, plan: StepPlan) -> None:
-        deltas: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
+    def _sample(self, plan: StepPlan) -> list[tuple[Request, list[ChoiceDelta]]]:
+        """Every branch with logits this step samples its next token; per request, in
+        plan order, the deltas of its branches."""
+        sampled: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
 
-        def delta_list(request: Request) -> list[ChoiceDelta]:
-            return deltas.setdefault(id(request), (request, []))[1]
+        def deltas(request: Request) -> list[ChoiceDelta]:
+            return sampled.setdefault(id(request), (request, []))[1]
 
         for chunk in plan.prefill:
-            chunk.request.n_prefilled = chunk.end
-            if chunk.request.prompt_logprobs:
+            request = chunk.request
+            if request.prompt_logprobs:
                 self._score_prompt(chunk)
-            if chunk.completes_prompt:
-                self._fork(chunk)
-                out = delta_list(chunk.request)
-                for seq in chunk.request.sequences:
-                    seq.batch_index = chunk.request.batch_index
-                    out.append(self._advance(chunk.request, seq))
+            if chunk.completes_prompt:  # forked: every branch samples from the last row
+                self.stats.prompt_tokens_cached += request.n_cached
+                out = deltas(request)
+                for seq in request.sequences:
+                    seq.batch_index = request.batch_index
+                    out.append(self._sample_branch(request, seq))
         for request, seq in plan.decode:
-            delta_list(request).append(self._advance(request, seq))
-        for request, choices in deltas.values():
-            self._publish(request, choices)
-
-    def _fork(self, chunk: PrefillChunk) -> None:
-        """The prompt is in the primary sequence: share its cells with every other branch."""
-        request = chunk.request
-        for seq in request.sequences[1:]:
-            self.ctx.seq_cp(request.primary.seq_id, seq.seq_id, -1, -1)
-        request.status = RequestStatus.DECODING
-        request.first_token_at = time.monotonic()
-        self.stats.prompt_tokens_cached += request.n_cached
+            deltas(request).append(self._sample_branch(request, seq))
+        return list(sampled.values())
 
     def _score_prompt(self, chunk: PrefillChunk) -> None:
         """echo + logprobs: score each prompt token from the logits of the one before it."""
@@ -178,107 +201,73 @@ class Engine:
             row = self.ctx.logits(first + pos - 1 - chunk.start)
             scores.append(score_token(row, request.prompt[pos], k))
 
-    def _advance(self, request: Request, seq: Sequence) -> ChoiceDelta:
-        """Sample the branch's next token; score it too when the request asks for logprobs."""
+    def _sample_branch(self, request: Request, seq: Sequence) -> ChoiceDelta:
+        """The branch's delta for this step, with its token's logprob when asked for."""
         k = request.params.logprobs
         if k is None:  # the common case: no numpy over the logits row
-            return self._next_token(request, seq)
-        # Read before _next_token masks the row: logprobs are of the model's distribution.
+            return self._next_delta(request, seq)
+        # Read before _next_delta masks the row: logprobs are of the model's distribution.
         scores = RowScores(self.ctx.logits(seq.batch_index), k)
-        delta = self._next_token(request, seq)
+        delta = self._next_delta(request, seq)
         if delta.token_ids:
             delta.logprobs = [scores.entry(delta.token_ids[-1])]
         return delta
 
-    def _next_token(self, request: Request, seq: Sequence) -> ChoiceDelta:
-        """Sample the branch's next token from this step's logits and turn it into text."""
+    def _next_delta(self, request: Request, seq: Sequence) -> ChoiceDelta:
+        """Sample the next token and turn it into text; a finish reason when the branch
+        ends here (the scheduler then releases it)."""
         params = request.params
         if params.max_tokens == 0:
-            return self._end_sequence(request, seq, FinishReason.LENGTH)
+            return self._last_delta(seq, FinishReason.LENGTH)
         if params.ignore_eos or len(seq.tokens) < params.min_tokens:
             self.ctx.logits(seq.batch_index)[self._eog] = -np.inf
         assert seq.sampler is not None and seq.decoder is not None
         token = seq.sampler.sample(self.ctx.ptr, seq.batch_index)
         if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
-            return self._end_sequence(request, seq, FinishReason.STOP)
+            return self._last_delta(seq, FinishReason.STOP)
         self.stats.generated_tokens += 1
         if token in self._eog_set:
-            return self._end_sequence(request, seq, FinishReason.STOP)
+            return self._last_delta(seq, FinishReason.STOP)
         seq.tokens.append(token)
         text = seq.decoder.push(token, check_stops=len(seq.tokens) > params.min_tokens)
         if seq.decoder.stopped:
-            return self._end_sequence(request, seq, FinishReason.STOP, text, [token])
+            return self._last_delta(seq, FinishReason.STOP, text, token)
         if len(seq.tokens) >= params.max_tokens:
-            return self._end_sequence(request, seq, FinishReason.LENGTH, text, [token])
+            return self._last_delta(seq, FinishReason.LENGTH, text, token)
         return ChoiceDelta(seq.index, text, [token])
 
-    def _end_sequence(
-        self,
-        request: Request,
-        seq: Sequence,
-        reason: FinishReason,
-        text: str = "",
-        token_ids: list[int] | None = None,
+    @staticmethod
+    def _last_delta(
+        seq: Sequence, reason: FinishReason, text: str = "", token: int | None = None
     ) -> ChoiceDelta:
-        """A branch ended: release what it held and say so in its last delta."""
+        """A branch's last delta, with the text it held back for a stop string that
+        never came."""
         if seq.decoder is not None:
-            text += seq.decoder.flush()  # text held back for a stop string that never came
-        if seq.sampler is not None:
-            seq.sampler.close()
-        seq.finish_reason = reason
-        self._apply(self.scheduler.finish_sequence(request, seq, self._kv_path(request, seq)))
-        return ChoiceDelta(seq.index, text, token_ids or [], reason)
+            text += seq.decoder.flush()
+        return ChoiceDelta(seq.index, text, [] if token is None else [token], reason)
 
-    # -- endings and publishing --------------------------------------------------------
+    # -- outputs -----------------------------------------------------------------------
 
-    def _publish(self, request: Request, choices: list[ChoiceDelta]) -> None:
-        finished = not request.live
-        if finished:
-            self._apply(self.scheduler.remove(request))
-            request.status = RequestStatus.FINISHED
-        request.sink(self._output(request, choices, finished))
+    def _end_requests(
+        self, requests: Iterable[Request], reason: FinishReason, error: str | None = None
+    ) -> list[RequestOutput]:
+        """End every branch of each request at once (abort, failure)."""
+        outputs = []
+        for request in list(requests):
+            choices = [ChoiceDelta(seq.index, "", [], reason) for seq in request.live]
+            self._apply(self.scheduler.end_request(request, reason, error))
+            outputs.append(self._output(request, choices))
+        return outputs
 
-    def _end(self, request: Request, reason: FinishReason, error: str | None = None) -> None:
-        """End every branch of a request at once (abort, engine failure)."""
-        # An aborted request's cells are still valid and worth caching; a failed one's not.
-        paths = {
-            seq.seq_id: self._kv_path(request, seq)
-            for seq in request.live
-            if seq.seq_id >= 0 and reason is not FinishReason.ERROR
-        }
-        choices = []
-        for seq in request.live:
-            seq.finish_reason = reason
-            if seq.sampler is not None:
-                seq.sampler.close()
-            choices.append(ChoiceDelta(seq.index, "", [], reason))
-        if self._tracked(request):
-            self._apply(self.scheduler.remove(request, paths))
-        request.status = RequestStatus.FINISHED
-        request.error = error
-        request.sink(self._output(request, choices, True))
-
-    def fail_all(self, message: str) -> None:
-        """After an unexpected engine error: end everything in flight, keep serving."""
-        for request in [*self.scheduler.running, *self.scheduler.waiting]:
-            self.fail(request, message)
-
-    def fail(self, request: Request, message: str) -> None:
-        self._end(request, FinishReason.ERROR, message)
-
-    def _tracked(self, request: Request) -> bool:
-        return request in self.scheduler.running or request in self.scheduler.waiting
-
-    def _output(
-        self, request: Request, choices: list[ChoiceDelta], finished: bool
-    ) -> RequestOutput:
+    @staticmethod
+    def _output(request: Request, choices: list[ChoiceDelta]) -> RequestOutput:
         return RequestOutput(
             request_id=request.request_id,
             choices=choices,
             prompt_tokens=request.prompt_len,
             completion_tokens=request.completion_tokens,
             cached_tokens=request.n_cached,
-            finished=finished,
+            finished=request.status is RequestStatus.FINISHED,
             error=request.error,
             prompt_logprobs=request.prompt_scores if request.prompt_logprobs else None,
         )
@@ -290,20 +279,10 @@ class Engine:
             else:
                 self.ctx.seq_cp(op.src, op.dst, op.p0, op.p1)
 
-    def _kv_path(self, request: Request, seq: Sequence) -> list[int] | None:
-        """The tokens whose cells this branch holds (its last sampled token was never
-        decoded, so it has no cell), or None if it holds none."""
-        held = self.ctx.seq_pos_max(seq.seq_id) + 1
-        return (request.prompt + seq.tokens)[:held] if held > 0 else None
-
     @staticmethod
     def _pos(request: Request, seq: Sequence) -> int:
         # The newest token of a branch sits right after the prompt and its earlier tokens.
         return request.prompt_len + len(seq.tokens) - 1
-
-    @staticmethod
-    def _requests_in(plan: StepPlan) -> list[Request]:
-        return [r for r, _ in plan.decode] + [c.request for c in plan.prefill]
 
 
 def build_request(

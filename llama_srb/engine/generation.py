@@ -1,7 +1,7 @@
 """One submitted request as the event loop sees it: its outputs, its deadline, its end.
 
-Lives on the asyncio side of the runtime; the engine thread only reaches it through the
-request's sink (`loop.call_soon_threadsafe`).
+Lives on the asyncio side of the runtime, which fills its queue with the outputs the
+engine thread hands over.
 """
 
 from __future__ import annotations
@@ -16,21 +16,20 @@ from llama_srb.engine.sequence import Request
 
 
 class Interrupted(Exception):
-    """The runtime ended a request before the engine finished it; `code` says why."""
-
-    code = "interrupted"
+    """The runtime ended a request before the engine finished it; the subclass says why
+    (the API maps each to its HTTP status and error code)."""
 
 
 class RequestTimedOut(Interrupted):
-    code = "request_timeout"
+    """The request ran past its deadline."""
 
 
 class ShuttingDown(Interrupted):
-    code = "server_shutting_down"
+    """The server is shutting down."""
 
 
 class EngineDied(Interrupted):
-    code = "engine_failed"
+    """The engine thread is gone."""
 
 
 @dataclass(eq=False)

@@ -1,7 +1,9 @@
 """KV bookkeeping: sequence ids, KV cells promised to live requests, and the prefix cache.
 
-Pure accounting with paired check/commit calls (`can_admit` / `admit`), tested without a
+Accounting with paired check/commit calls (`can_admit` / `admit`), tested without a
 model. Methods that change what llama.cpp holds return `KvOp`s; the engine applies them.
+Only `admit` writes to a request: the seq ids it hands out and the prompt tokens it forks
+from the cache. What a running request reserved is recorded here, not on the request.
 
 The unified KV cache stores a cell once however many sequences share it: `seq_cp` only
 tags existing cells with another sequence id. So a finished branch can stay behind as a
@@ -97,6 +99,17 @@ class CachedPath:
     def own_cells(self) -> int:
         """Cells no other cached path shares: what evicting this path frees."""
         return len(self) - max(self.shared.values(), default=0)
+
+
+@dataclass
+class Reservation:
+    """What a running request holds beyond its live branches' seq ids."""
+
+    prompt_cells: int  # prompt cells this request computes itself
+    source: CachedPath | None = None  # the cached path it forked from, pinned until it ends
+    # Finished branches, (seq id, tokens its cells hold): parked when the request ends, so
+    # that its reservation still counts their cells until then.
+    finished: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 @dataclass
@@ -219,9 +232,7 @@ class KvBudget:
         self._free_ids = list(range(self.n_seq - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self.live = 0  # live sequences
         self.cells_reserved = 0
-        # Finished branches of running requests, (seq id, tokens its cells hold): parked
-        # when their request ends, so that its reservation still counts their cells.
-        self._finished: dict[Request, list[tuple[int, list[int]]]] = {}
+        self._running: dict[Request, Reservation] = {}
         self._last_match: tuple[Request, int, CachedPath | None, int] | None = None
 
     @property
@@ -246,8 +257,10 @@ class KvBudget:
             return memo[2], memo[3]
         path, shared = self.cache.longest(as_tokens(request.prompt))
         shared = min(shared, request.prompt_len - 1)
-        if shared < MIN_SHARED_TOKENS:
+        if path is None or shared < MIN_SHARED_TOKENS:
             path, shared = None, 0
+        elif request.cells_needed - shared + len(path) > self.n_cells:
+            path, shared = None, 0  # pinned beside the request it could never fit: compute
         self._last_match = (request, self.cache.generation, path, shared)
         return path, shared
 
@@ -271,7 +284,7 @@ class KvBudget:
         if source is not None:
             source.pins += 1
             self.cache.touch(source)
-            request.cache_source = source
+        self._running[request] = Reservation(request.prompt_len - shared, source)
         need = request.cells_needed - shared
         ops = self._evict_until(
             lambda: (
@@ -283,7 +296,6 @@ class KvBudget:
             seq.seq_id = self._free_ids.pop()
         self.live += request.n
         self.cells_reserved += need
-        request.cells_reserved_prompt = request.prompt_len - shared
         if source is not None:
             ops.append(KvOp(source.seq_id, request.primary.seq_id, 0, shared))
             request.n_prefilled = request.n_cached = shared
@@ -294,7 +306,7 @@ class KvBudget:
         cells stay until the request ends, to be parked then; otherwise they go now."""
         self.live -= 1
         if path and self.cache.enabled:
-            self._finished.setdefault(request, []).append((seq_id, path))
+            self._running[request].finished.append((seq_id, path))
             return []
         self.cells_reserved -= request.params.max_tokens
         self._free_ids.append(seq_id)
@@ -302,15 +314,13 @@ class KvBudget:
 
     def release_request(self, request: Request) -> list[KvOp]:
         """The request ended (every branch released): return its cells, park its branches."""
-        if request.cache_source is not None:  # first: a source the new paths cover may go
-            request.cache_source.pins -= 1
-            request.cache_source = None
-        finished = self._finished.pop(request, [])
-        self.cells_reserved -= request.cells_reserved_prompt
-        self.cells_reserved -= len(finished) * request.params.max_tokens
-        request.cells_reserved_prompt = 0
+        reservation = self._running.pop(request)
+        if reservation.source is not None:  # first: a source the new paths cover may go
+            reservation.source.pins -= 1
+        self.cells_reserved -= reservation.prompt_cells
+        self.cells_reserved -= len(reservation.finished) * request.params.max_tokens
         ops: list[KvOp] = []
-        for seq_id, path in finished:
+        for seq_id, path in reservation.finished:
             park_ops, freed = self.cache.park(seq_id, path)
             ops += park_ops
             self._free_ids.extend(freed)

@@ -1,4 +1,4 @@
-"""What the engine publishes after each step: per request, the new text of each choice."""
+"""What the engine returns from each step: per request, the new text of each choice."""
 
 from __future__ import annotations
 

@@ -1,19 +1,25 @@
-"""Admission, chunked prefill and the plan of each decode step. Pure bookkeeping.
+"""Admission, chunked prefill, the plan of each decode step, and every change of state.
 
 Each step carries one token for every live branch of every decoding request (continuous
 batching) and fills the rest of the batch with prompt chunks of admitted requests in
 arrival order (chunked prefill), so running streams never wait behind a long prompt.
 A prompt that starts like an earlier live request's prompt forks that part from it
 instead of computing it again, waiting for it if it is still being prefilled.
+
+This is the one place where requests and branches change status (admitted, prefilled,
+forked, ended) and where their KV cells are released. It never calls llama.cpp: what
+must change there comes back as `KvOp`s, which the engine applies.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
 from llama_srb.engine.kv import MIN_SHARED_TOKENS, KvBudget, KvOp, common_prefix
-from llama_srb.engine.sequence import Request, RequestStatus, Sequence
+from llama_srb.engine.outputs import ChoiceDelta
+from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
 
 PROMPT_LOGPROBS_CHUNK = 64
 
@@ -43,6 +49,12 @@ class StepPlan:
     def n_tokens(self) -> int:
         return len(self.decode) + sum(c.end - c.start for c in self.prefill)
 
+    @property
+    def requests(self) -> list[Request]:
+        """Every request with tokens in this step, once each."""
+        both = [r for r, _ in self.decode] + [c.request for c in self.prefill]
+        return list({id(r): r for r in both}.values())
+
 
 class Scheduler:
     def __init__(self, budget: KvBudget, n_batch: int) -> None:
@@ -61,8 +73,15 @@ class Scheduler:
         return None
 
     @property
+    def requests(self) -> list[Request]:
+        """Every request not finished: running ones first, then waiting ones."""
+        return [*self.running, *self.waiting]
+
+    @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Whether the next step has anything to decode. Every running request has (its
+        prompt, or tokens to generate); a waiting one only once it can be admitted."""
+        return bool(self.running) or bool(self.waiting and self.budget.can_admit(self.waiting[0]))
 
     def schedule(self) -> StepPlan:
         plan = StepPlan(kv_ops=self._admit())
@@ -138,25 +157,78 @@ class Scheduler:
             request.n_prefilled = best
         return promised > request.n_prefilled
 
-    def finish_sequence(
-        self, request: Request, seq: Sequence, path: list[int] | None
+    # -- after the decode: statuses and releases ---------------------------------------
+
+    def prefilled(self, plan: StepPlan) -> list[KvOp]:
+        """The plan's prompt chunks are in the cache. A request whose whole prompt now is
+        shares its primary's cells with every other branch (a fork) and starts decoding."""
+        ops: list[KvOp] = []
+        for chunk in plan.prefill:
+            request = chunk.request
+            request.n_prefilled = chunk.end
+            if chunk.completes_prompt:
+                ops += [KvOp(request.primary.seq_id, seq.seq_id) for seq in request.sequences[1:]]
+                request.status = RequestStatus.DECODING
+                request.first_token_at = time.monotonic()
+        return ops
+
+    def postprocess(self, steps: list[tuple[Request, list[ChoiceDelta]]]) -> list[KvOp]:
+        """Record what each branch sampled this step: a delta with a finish reason ends its
+        branch, and a request without live branches ends with it."""
+        ops: list[KvOp] = []
+        for request, deltas in steps:
+            for delta in deltas:
+                if delta.finish_reason is not None:
+                    seq = request.sequences[delta.index]
+                    # Every token it had before this step is decoded now; the one it
+                    # sampled this step (if it kept it) never will be, so has no cell.
+                    held = request.prompt_len + len(seq.tokens) - len(delta.token_ids)
+                    ops += self._end_branch(request, seq, delta.finish_reason, held)
+            if not request.live:
+                ops += self._retire(request)
+        return ops
+
+    def end_request(
+        self, request: Request, reason: FinishReason, error: str | None = None
     ) -> list[KvOp]:
-        """Bookkeeping for a branch that ended; `path` is the token path its cells hold
-        (None: do not cache them). Returns the native ops."""
+        """End every live branch of a request at once (abort, failure), then the request.
+        Works on requests running, waiting, or never added."""
+        # An aborted request's cells are still valid and worth caching; a failed one's not.
+        keep = reason is not FinishReason.ERROR
+        ops: list[KvOp] = []
+        for seq in request.live:
+            held = self._cells_held(request, seq) if keep else 0
+            ops += self._end_branch(request, seq, reason, held)
+        return ops + self._retire(request, error)
+
+    def _end_branch(
+        self, request: Request, seq: Sequence, reason: FinishReason, held: int
+    ) -> list[KvOp]:
+        """A branch ends: its sampler is freed and its seq id released, its cells (the
+        first `held` tokens of its path) cached or freed."""
+        seq.finish_reason = reason
+        seq.close()
+        if seq.seq_id < 0:  # never admitted: holds nothing
+            return []
+        path = (request.prompt + seq.tokens)[:held] if held > 0 else None
         seq_id, seq.seq_id = seq.seq_id, -1
         return self.budget.release_sequence(request, seq_id, path)
 
-    def remove(
-        self, request: Request, paths: dict[int, list[int] | None] | None = None
-    ) -> list[KvOp]:
-        """Drop a request (finished or aborted); returns the native ops still to apply.
-        `paths` maps the seq ids of branches still live to the tokens their cells hold."""
-        if request in self.waiting:
-            self.waiting.remove(request)
-            return []
-        self.running.remove(request)
+    def _retire(self, request: Request, error: str | None = None) -> list[KvOp]:
+        """A request whose branches all ended leaves the queues and returns its cells."""
         ops: list[KvOp] = []
-        for seq in request.sequences:
-            if seq.seq_id >= 0:
-                ops += self.finish_sequence(request, seq, (paths or {}).get(seq.seq_id))
-        return ops + self.budget.release_request(request)
+        if request in self.running:
+            self.running.remove(request)
+            ops = self.budget.release_request(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.error = error
+        return ops
+
+    @staticmethod
+    def _cells_held(request: Request, seq: Sequence) -> int:
+        """The cells a live branch holds between steps."""
+        if request.status is RequestStatus.DECODING:
+            return request.prompt_len + len(seq.tokens) - 1  # its newest token: not decoded
+        return request.n_prefilled if seq is request.primary else 0  # forked at the end

@@ -1,23 +1,19 @@
 """A Request is one prompt with `n` Sequences; a Sequence is one branch (one choice).
 
-All state the engine keeps about work in flight lives on these two objects, with an
-enum status and derived properties, never in tuples threaded through queues.
+A request's state lives on these two objects, with an enum status and derived
+properties, never in tuples threaded through queues; only the scheduler changes a status.
+The KV cells a running request reserved are counted in kv.py.
 """
 
 from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from llama_srb.sampling.logprobs import TokenLogprob
 from llama_srb.sampling.params import SamplingParams
-
-if TYPE_CHECKING:
-    from llama_srb.engine.kv import CachedPath
-    from llama_srb.engine.outputs import RequestOutput
-    from llama_srb.sampling.logprobs import TokenLogprob
 
 
 class RequestStatus(enum.Enum):
@@ -62,6 +58,11 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def close(self) -> None:
+        """Free the native sampler: the branch ended, or will never run."""
+        if self.sampler is not None:
+            self.sampler.close()
+
 
 @dataclass(eq=False)
 class Request:
@@ -69,12 +70,9 @@ class Request:
     prompt: list[int]
     params: SamplingParams
     sequences: list[Sequence]
-    sink: Callable[[RequestOutput], None] = lambda _: None
     status: RequestStatus = RequestStatus.WAITING
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
     n_cached: int = 0  # of those, how many were shared from cached or live sequences
-    cache_source: CachedPath | None = None  # pinned while this request runs
-    cells_reserved_prompt: int = 0  # prompt cells this request computes itself
     batch_index: int = -1  # logits index of the last prompt token, in the step that ends prefill
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -109,3 +107,8 @@ class Request:
     @property
     def completion_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.sequences)
+
+    def close(self) -> None:
+        """Free every branch's sampler: for a request built but never submitted."""
+        for seq in self.sequences:
+            seq.close()

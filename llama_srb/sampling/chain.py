@@ -12,25 +12,9 @@ import ctypes
 
 import llama_cpp as C
 
-from llama_srb.engine.native import Model, NativeError
+from llama_srb.native import Model, SamplerChain
 from llama_srb.sampling.grammar import ConstrainedChain, clone_grammar, parse_grammar
 from llama_srb.sampling.params import SamplingParams
-
-
-class SamplerChain:
-    """Owns one native sampler chain; `sample` applies it and records the token."""
-
-    def __init__(self, ptr: C.llama_sampler_p) -> None:
-        self.ptr: C.llama_sampler_p | None = ptr
-
-    def sample(self, ctx: C.llama_context_p, batch_index: int) -> int:
-        # llama_sampler_sample also accepts the token (penalties, DRY, grammar see it).
-        return int(C.llama_sampler_sample(self.ptr, ctx, batch_index))
-
-    def close(self) -> None:
-        if self.ptr:
-            C.llama_sampler_free(self.ptr)
-            self.ptr = None
 
 
 def build_chains(
@@ -44,16 +28,15 @@ def build_chains(
     result. A grammar is parsed once and cloned the same way. Raises ParamError when the
     grammar does not parse.
     """
-    shared = _chain(_unseeded_samplers(model, params))
+    shared = SamplerChain.of(_unseeded_samplers(model, params))
     grammar = None
     chains: list[SamplerChain | ConstrainedChain] = []
     try:
         grammar = parse_grammar(model, params.grammar) if params.grammar is not None else None
         for seed in seeds:
-            chain = _clone(shared)
+            chain = shared.clone()
             chains.append(chain)  # owned by the list from here: closed if a later step fails
-            for sampler in _seeded_samplers(model, params, seed & 0xFFFFFFFF):
-                C.llama_sampler_chain_add(chain.ptr, sampler)  # the chain takes ownership
+            chain.extend(_seeded_samplers(model, params, seed & 0xFFFFFFFF))
             if grammar is not None:
                 chains[-1] = ConstrainedChain(chain, clone_grammar(grammar), model.n_vocab)
     except BaseException:
@@ -65,22 +48,6 @@ def build_chains(
         if grammar is not None:
             C.llama_sampler_free(grammar)
     return chains
-
-
-def _chain(samplers: list[C.llama_sampler_p]) -> SamplerChain:
-    chain_params = C.llama_sampler_chain_default_params()
-    chain_params.no_perf = True
-    chain = SamplerChain(C.llama_sampler_chain_init(chain_params))
-    for sampler in samplers:
-        C.llama_sampler_chain_add(chain.ptr, sampler)  # the chain takes ownership
-    return chain
-
-
-def _clone(chain: SamplerChain) -> SamplerChain:
-    clone = C.llama_sampler_clone(chain.ptr)
-    if not clone:
-        raise NativeError("llama_sampler_clone failed")
-    return SamplerChain(clone)
 
 
 def _unseeded_samplers(model: Model, p: SamplingParams) -> list[C.llama_sampler_p]:

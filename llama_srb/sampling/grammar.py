@@ -12,17 +12,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-from typing import TYPE_CHECKING
 
 import llama_cpp as C
 import numpy as np
 import numpy.typing as npt
 
-from llama_srb.engine.native import Model, NativeError, captured_stderr
+from llama_srb.native import Model, NativeError, SamplerChain, captured_stderr
 from llama_srb.sampling.params import ParamError
-
-if TYPE_CHECKING:
-    from llama_srb.sampling.chain import SamplerChain
 
 # llama_token_data: {int32 id; float logit; float p}, 12 bytes, no padding.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -32,7 +28,7 @@ _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float3
 # one C++ frame per nesting level or rule reference: past some depth that overflows the
 # thread's stack and kills the process without a word. It expands `x{m,n}` into n rules,
 # and copies every rule into each branch's clone. These bounds keep every accepted grammar
-# far inside the stack of the threads that parse and sample it (engine/native.py; measured
+# far inside the stack of the threads that parse and sample it (native.py; measured
 # by bench/grammar_stack.py: 16,384 nested groups need less than 8 MiB) and its rules few.
 MAX_GRAMMAR_CHARS = 64 * 1024
 MAX_GRAMMAR_DEPTH = 4096  # nested ( ) groups

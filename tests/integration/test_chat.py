@@ -134,11 +134,17 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
             assert sum(2.718281828**lp for lp in tops) <= 1.0 + 1e-6
 
 
-def test_model_without_template_is_a_clear_400(server: RunningServer) -> None:
-    response = httpx.post(f"{server.api_url}/chat/completions", json={"messages": HELLO})
-    assert response.status_code == 400
-    error = response.json()["error"]
-    assert error["code"] == "chat_template_missing" and "--chat-template" in error["message"]
+def test_the_bundled_base_model_chats_with_gemmas_template(
+    server: RunningServer, chat_server: RunningServer
+) -> None:
+    """The bundled Gemma 3 270M has no chat template: the server ships Gemma 3's, the one
+    chat_server is given as a file (the same prompt, token for token)."""
+    body = {"messages": HELLO, "max_tokens": 4}
+    response = httpx.post(f"{server.api_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    with_file = httpx.post(f"{chat_server.api_url}/chat/completions", json=body, timeout=120)
+    assert response.json()["usage"]["prompt_tokens"] == with_file.json()["usage"]["prompt_tokens"]
+    assert "chat template: gemma3's, shipped with llama-srb" in server.log()
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,17 @@ EXAMPLES = {GenerationMode.POSITIVE: 30, GenerationMode.NEGATIVE: 20}  # per POS
 def clamp(body: object) -> None:
     """Keep generations short: the fuzzer explores shapes, not long outputs."""
     if isinstance(body, dict):
-        for name in ("max_tokens", "max_completion_tokens"):
+        for name in ("max_tokens", "max_completion_tokens", "n_predict"):
             value = body.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value > MAX_TOKENS:
                 body[name] = MAX_TOKENS
+        # Defaults that are "what fits in the context": /completion's, and chat's (every
+        # chat request is served now, the bundled model has a template)
+        if "prompt" in body and body.get("n_predict") in (None, -1):
+            body["n_predict"] = MAX_TOKENS
+        unbounded = body.get("max_tokens") is None and body.get("max_completion_tokens") is None
+        if "messages" in body and unbounded:
+            body["max_completion_tokens"] = MAX_TOKENS
 
 
 def fuzz(operation: Any, mode: GenerationMode, base_url: str, examples: int) -> None:

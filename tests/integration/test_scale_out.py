@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from llama_srb.testing import RunningServer, run_server
-from llama_srb.testing_nginx import NGINX, RunningBalancer, run_balancer
+from llama_srb.testing_cluster import NGINX, RunningBalancer, run_balancer
 
 pytestmark = pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed")
 

@@ -4,7 +4,6 @@ a dead engine thread fails every waiting reader at once and makes the server exi
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,32 +24,39 @@ class Fatal(BaseException):
 class FakeEngine:
     """Just enough engine for the runtime: `add` and `step` misbehave on demand."""
 
+    has_work = False
+
     def __init__(self, add_error: Exception | None = None, step_error: Any = None) -> None:
-        self.ctx = SimpleNamespace(warm_up=lambda token: None)
-        self.model = SimpleNamespace(bos=1)
         self.add_error, self.step_error = add_error, step_error
         self.failed: list[str] = []
         self.requests: list[Request] = []
 
-    def add(self, request: Request) -> None:
+    def warm_up(self) -> None:
+        pass
+
+    def add(self, request: Request) -> list[RequestOutput]:
         self.requests.append(request)
         if self.add_error is not None:
             raise self.add_error
+        return []
 
-    def step(self) -> bool:
+    def step(self) -> list[RequestOutput]:
         if self.step_error is not None and self.requests:
             raise self.step_error
-        return False
+        return []
 
-    def fail(self, request: Request, message: str) -> None:
+    def fail(self, requests: list[Request], message: str) -> list[RequestOutput]:
         self.failed.append(message)
-        request.sink(RequestOutput(request.request_id, [], 1, 0, finished=True, error=message))
+        return [
+            RequestOutput(r.request_id, [], 1, 0, finished=True, error=message) for r in requests
+        ]
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str) -> list[RequestOutput]:
         self.failed.append(message)
+        return []
 
-    def abort(self, request_id: str) -> None:
-        pass
+    def abort(self, request_id: str) -> list[RequestOutput]:
+        return []
 
 
 def make_request() -> Request:

@@ -1,4 +1,5 @@
 from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.outputs import ChoiceDelta
 from llama_srb.engine.scheduler import Scheduler
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
 from llama_srb.sampling.params import SamplingParams
@@ -60,9 +61,8 @@ def test_admission_respects_sequence_ids_and_cells_in_arrival_order() -> None:
     assert s.budget.cells_reserved == 40
 
     # A finished branch returns its id and cells; the queue moves on.
-    seq = big.sequences[2]
-    seq.finish_reason = FinishReason.STOP
-    s.finish_sequence(big, seq, None)
+    s.postprocess([(big, [ChoiceDelta(2, finish_reason=FinishReason.STOP)])])
+    assert big.sequences[2].finished and big.sequences[2].seq_id == -1
     s.schedule()
     assert [r.request_id for r in s.running] == ["big", "blocked"]
 
@@ -73,10 +73,11 @@ def test_removing_a_request_releases_everything() -> None:
     s.add(r)
     s.schedule()
     assert s.budget.free_ids == 0
-    ops = s.remove(r)
+    ops = s.end_request(r, FinishReason.ABORT)
     assert sorted(op.dst for op in ops if op.is_remove) == [0, 1, 2, 3]
     assert s.budget.free_ids == 4
     assert s.budget.cells_reserved == 0
+    assert r.status is RequestStatus.FINISHED and not s.running
 
 
 def test_a_request_that_can_never_fit_is_detected() -> None:

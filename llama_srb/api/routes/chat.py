@@ -7,7 +7,6 @@ import dataclasses
 import re
 import time
 import uuid
-from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -37,9 +36,9 @@ from llama_srb.api.serving import (
 )
 from llama_srb.api.sse import ChatStream
 from llama_srb.api.state import AppState
-from llama_srb.engine.native import Model
 from llama_srb.engine.sequence import Request as EngineRequest
-from llama_srb.sampling.params import ParamError, SamplingParams
+from llama_srb.native import Model
+from llama_srb.sampling.params import MAX_STOPS, ParamError, SamplingParams
 
 # Without max_tokens a reply may take what fits in the context, up to this many tokens:
 # each branch's tokens are reserved in the KV cache when its request is admitted, so an
@@ -50,7 +49,6 @@ DEFAULT_MAX_TOKENS_CAP = 2048
 def chat_router(state: AppState) -> APIRouter:
     router = APIRouter()
     model_name = state.settings.model_name
-    templates = TemplateSource(state.settings.chat_template)
 
     @router.post(
         "/chat/completions", response_model=ChatCompletion, openapi_extra=body_spec(ChatRequest)
@@ -59,10 +57,11 @@ def chat_router(state: AppState) -> APIRouter:
         body: Annotated[ChatRequest, Depends(parsed(ChatRequest))], http: Request
     ) -> Response:
         loaded = check_request(state, body, 1)
+        served = state.chat_template()
 
         def prepare() -> EngineRequest:
-            prompt = chat_prompt(loaded.model, templates.get(loaded.model), body, loaded.n_ctx)
-            params = chat_params(body, loaded.model, len(prompt), loaded.n_ctx)
+            prompt = chat_prompt(loaded.model, served.get(), body, loaded.n_ctx)
+            params = chat_params(body, loaded.model, len(prompt), loaded.n_ctx, served.stops)
             return build(loaded, body.n, prompt, params, "chatcmpl")
 
         request = await state.workers.run(prepare, lambda built: discard([built]))
@@ -87,44 +86,6 @@ def chat_router(state: AppState) -> APIRouter:
         return JSONResponse(completion.model_dump())
 
     return router
-
-
-class TemplateSource:
-    """The chat template, compiled on first use: --chat-template FILE, else the model's."""
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self._template: ChatTemplate | None = None
-
-    def get(self, model: Model) -> ChatTemplate:
-        if self._template is None:
-            source = self._source(model)
-            try:
-                self._template = ChatTemplate(
-                    source, _special(model, model.bos), _special(model, model.eos)
-                )
-            except ChatTemplateError as exc:
-                raise APIError(400, str(exc), code="chat_template_invalid") from None
-        return self._template
-
-    def _source(self, model: Model) -> str:
-        if self._path is not None:
-            return self._path.read_text(encoding="utf-8")
-        source = model.metadata("tokenizer.chat_template")
-        if not source:
-            raise APIError(
-                400,
-                "this model has no chat template (no `tokenizer.chat_template` in its GGUF):"
-                " start the server with --chat-template FILE, or use /v1/completions",
-                param="messages",
-                code="chat_template_missing",
-            )
-        return source
-
-
-def _special(model: Model, token: int) -> str:
-    # -1: the model has no such token
-    return model.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""
 
 
 def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest, n_ctx: int) -> list[int]:
@@ -172,7 +133,9 @@ def _tokenize_turns(
     return tokens
 
 
-def chat_params(body: ChatRequest, model: Model, prompt_len: int, n_ctx: int) -> SamplingParams:
+def chat_params(
+    body: ChatRequest, model: Model, prompt_len: int, n_ctx: int, stops: tuple[str, ...] = ()
+) -> SamplingParams:
     if body.top_logprobs is not None and not body.logprobs:
         raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
     if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
@@ -187,7 +150,9 @@ def chat_params(body: ChatRequest, model: Model, prompt_len: int, n_ctx: int) ->
     params = request_params(body, model, n_ctx, max_tokens=max_tokens)
     # Chat's logprobs is a switch; the engine's is the number of alternatives (or None).
     k = (body.top_logprobs or 0) if body.logprobs else None
-    return dataclasses.replace(params, logprobs=k)
+    # The template's end-of-turn text, for a model that does not know it as a token.
+    extra = tuple(s for s in stops if s not in params.stop)[: MAX_STOPS - len(params.stop)]
+    return dataclasses.replace(params, logprobs=k, stop=params.stop + extra)
 
 
 def default_max_tokens(n_ctx: int, prompt_len: int, n: int) -> int:

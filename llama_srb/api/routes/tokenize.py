@@ -1,5 +1,6 @@
-"""POST /tokenize and /detokenize, as llama.cpp's server has them: writing tools use them to
-count tokens against the context before they send a prompt."""
+"""POST /tokenize and /detokenize, as llama.cpp's server has them (and /tokenize with vLLM's
+body too): writing tools use them to count tokens against the context before they send a
+prompt."""
 
 from __future__ import annotations
 
@@ -7,19 +8,49 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llama_srb.api.body import body_spec, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.prompts import tokenize_text
 from llama_srb.api.state import AppState
+from llama_srb.loader import LoadedEngine
 
 
 class TokenizeRequest(BaseModel):
-    content: str
-    add_special: bool = Field(False, description="add the BOS token the model wants, if any")
+    """llama.cpp's `{"content"}`, or vLLM's `{"model", "prompt"}` (`content` wins if both
+    are sent; `model` is not checked)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    content: str | None = None
+    prompt: str | None = Field(None, description="vLLM's name for content")
+    model: str | None = None
+    add_special: bool | None = Field(
+        None,
+        description="add the BOS token the model wants, if any (default: no; with vLLM's"
+        " `prompt`, yes)",
+    )
+    add_special_tokens: bool | None = Field(None, description="vLLM's name for add_special")
     parse_special: bool = Field(True, description="read `<start_of_turn>` etc. as one token")
     with_pieces: bool = Field(False, description="return each token's text beside its id")
+
+    @model_validator(mode="after")
+    def _has_text(self) -> TokenizeRequest:
+        if self.content is None and self.prompt is None:
+            raise ValueError("send the text to tokenize as `content` (or vLLM's `prompt`)")
+        return self
+
+    @property
+    def text(self) -> str:
+        return self.content if self.content is not None else self.prompt or ""
+
+    @property
+    def bos(self) -> bool:
+        for given in (self.add_special, self.add_special_tokens):
+            if given is not None:
+                return given
+        return self.content is None  # vLLM adds special tokens by default
 
 
 class TokenPiece(BaseModel):
@@ -29,6 +60,8 @@ class TokenPiece(BaseModel):
 
 class TokenizeResponse(BaseModel):
     tokens: list[int] | list[TokenPiece]
+    count: int  # vLLM's
+    max_model_len: int  # vLLM's: the context size
 
 
 class DetokenizeRequest(BaseModel):
@@ -52,16 +85,12 @@ def tokenize_router(state: AppState) -> APIRouter:
         model = loaded.model
 
         def run() -> Response:  # megabytes of text take seconds: off the loop, JSON included
-            if body.parse_special:  # llama.cpp's special-token pass is the costly one
-                tokens = tokenize_text(
-                    model, body.content, loaded.n_ctx, "content", body.add_special
-                )
-            else:
-                tokens = model.tokenize(body.content, body.add_special, parse_special=False)
+            tokens = tokens_of(loaded, body.text, body.bos, body.parse_special)
+            count, most = len(tokens), loaded.n_ctx
             if not body.with_pieces:
-                return _json(TokenizeResponse(tokens=tokens))
+                return _json(TokenizeResponse(tokens=tokens, count=count, max_model_len=most))
             pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
-            return _json(TokenizeResponse(tokens=pieces))
+            return _json(TokenizeResponse(tokens=pieces, count=count, max_model_len=most))
 
         return await state.workers.run(run)
 
@@ -76,16 +105,28 @@ def tokenize_router(state: AppState) -> APIRouter:
         model = state.ready().model
 
         def run() -> Response:
-            bad = next((t for t in body.tokens if not 0 <= t < model.n_vocab), None)
-            if bad is not None:  # llama.cpp would abort the process on it
-                raise APIError(
-                    400, f"token id {bad} is not in the vocabulary [0, {model.n_vocab})", "tokens"
-                )
+            error = model.vocab_error(body.tokens)
+            if error is not None:  # llama.cpp would abort the process on it
+                raise APIError(400, error, "tokens")
             return _json(DetokenizeResponse(content=model.detokenize(body.tokens)))
 
         return await state.workers.run(run)
 
     return router
+
+
+def tokens_of(loaded: LoadedEngine, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    """A worker's job: megabytes of text take seconds."""
+    if parse_special:  # llama.cpp's special-token pass is the costly one: bounded first
+        return tokenize_text(loaded.model, text, loaded.n_ctx, "content", add_special)
+    return loaded.model.tokenize(text, add_special, parse_special=False)
+
+
+def check_tokens(loaded: LoadedEngine, tokens: list[int]) -> None:
+    """A 400 for an id outside the vocabulary: llama.cpp would abort the process on it."""
+    error = loaded.model.vocab_error(tokens)
+    if error is not None:
+        raise APIError(400, error, "tokens")
 
 
 def _json(model: BaseModel) -> Response:

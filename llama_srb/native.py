@@ -1,7 +1,8 @@
 """Thin wrappers over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
 
-They own native objects, free them in the right order, and raise on error codes. Nothing
-here knows about requests or HTTP. Every call goes through `ctypes.CDLL`, which releases
+They own native objects (model, context, batch, sampler chain), free them in the right
+order, and raise on error codes. Nothing here knows about requests, sampling parameters
+or HTTP: `sampling` and `engine` build on this module, never the other way round. Every call goes through `ctypes.CDLL`, which releases
 the GIL while C runs, so a long `llama_decode` does not stall the asyncio thread.
 """
 
@@ -20,6 +21,8 @@ from pathlib import Path
 import llama_cpp as C
 import numpy as np
 import numpy.typing as npt
+
+from llama_srb.prefix_tokens import PrefixTokenizer
 
 # llama.cpp's GBNF parser and its grammar sampler recurse once per nesting level (and per
 # rule reference): threads that parse or sample grammars get a stack sized for the largest
@@ -134,7 +137,6 @@ class Model:
         self.ptr = C.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise NativeError(f"failed to load model from {path}")
-        self.path = path
         self.vocab = C.llama_model_get_vocab(self.ptr)
         self.n_vocab: int = C.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train: int = C.llama_model_n_ctx_train(self.ptr)
@@ -145,6 +147,7 @@ class Model:
             t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)
         )
         self._pieces: dict[int, bytes] = {}
+        self._memos: dict[tuple[bool, bool], PrefixTokenizer] = {}
         # First characters of the tokens that `parse_special` lets a text spell (control
         # and unknown tokens, as llama.cpp's tokenizer picks them): a text holding none of
         # them tokenizes the same without that pass, which costs a third of the time.
@@ -173,8 +176,22 @@ class Model:
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
+        """`text` as tokens. A long text that starts like one tokenized lately reuses that
+        one's tokens and tokenizes only its new end (llama_srb/prefix_tokens.py)."""
+        parse_special = parse_special and self._may_spell_special(text.encode("utf-8"))
+        key = (add_special, parse_special)
+        memo = self._memos.get(key)
+        if memo is None:
+            memo = self._memos.setdefault(
+                key,
+                PrefixTokenizer(
+                    lambda t, add: self._tokenize(t, add, parse_special), self.piece, add_special
+                ),
+            )
+        return memo(text)
+
+    def _tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode("utf-8")
-        parse_special = parse_special and self._may_spell_special(data)
         capacity = len(data) + 8
         buf = (C.llama_token * capacity)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, parse_special)
@@ -211,6 +228,18 @@ class Model:
             self._pieces[token] = cached
         return cached
 
+    def text(self, tokens: Sequence[int]) -> str:
+        """The text that `tokens` generate, their pieces joined (special tokens silent)."""
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def vocab_error(self, tokens: Sequence[int]) -> str | None:
+        """Why `tokens` may not reach llama.cpp (which aborts the process on an id out of
+        range), or None when every id is in the vocabulary."""
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+        if bad is None:
+            return None
+        return f"token id {bad} is not in the vocabulary [0, {self.n_vocab})"
+
     def special_piece(self, token: int) -> bytes:
         """A token's bytes with special tokens spelled out (`<bos>`, where `piece` gives
         nothing): for chat templates and /tokenize."""
@@ -223,7 +252,7 @@ class Model:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of a token list, special tokens spelled out (the inverse of `tokenize`).
-        The ids must be valid: llama.cpp aborts the process on one out of range."""
+        The ids must be valid (`vocab_error`): llama.cpp aborts the process otherwise."""
         array = (C.llama_token * len(tokens))(*tokens)
         capacity = 4 * len(tokens) + 16
         for _ in range(2):
@@ -306,9 +335,6 @@ class Context:
         if not C.llama_memory_seq_rm(self.memory, seq_id, p0, p1):
             raise NativeError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) failed")
 
-    def seq_pos_max(self, seq_id: int) -> int:
-        return int(C.llama_memory_seq_pos_max(self.memory, seq_id))
-
 
 class Batch:
     """A reusable `llama_batch` with room for `capacity` tokens of one sequence id each."""
@@ -362,3 +388,38 @@ class Batch:
         if self.struct is not None:
             C.llama_batch_free(self.struct)
             self.struct = None
+
+
+class SamplerChain:
+    """Owns one native sampler chain; `sample` applies it and records the token."""
+
+    def __init__(self, ptr: C.llama_sampler_p) -> None:
+        self.ptr: C.llama_sampler_p | None = ptr
+
+    @classmethod
+    def of(cls, samplers: Sequence[C.llama_sampler_p]) -> SamplerChain:
+        """A new chain that takes ownership of `samplers`, applied in order."""
+        params = C.llama_sampler_chain_default_params()
+        params.no_perf = True
+        chain = cls(C.llama_sampler_chain_init(params))
+        chain.extend(samplers)
+        return chain
+
+    def extend(self, samplers: Sequence[C.llama_sampler_p]) -> None:
+        for sampler in samplers:
+            C.llama_sampler_chain_add(self.ptr, sampler)  # the chain takes ownership
+
+    def clone(self) -> SamplerChain:
+        clone = C.llama_sampler_clone(self.ptr)
+        if not clone:
+            raise NativeError("llama_sampler_clone failed")
+        return SamplerChain(clone)
+
+    def sample(self, ctx: C.llama_context_p, batch_index: int) -> int:
+        # llama_sampler_sample also accepts the token (penalties, DRY, grammar see it).
+        return int(C.llama_sampler_sample(self.ptr, ctx, batch_index))
+
+    def close(self) -> None:
+        if self.ptr:
+            C.llama_sampler_free(self.ptr)
+            self.ptr = None

@@ -1,4 +1,8 @@
-"""Settings → a running engine: model, context, engine, engine thread."""
+"""Settings → a running engine: model, context, engine, engine thread.
+
+The composition root of everything below the API: it alone reads Settings and builds the
+native objects, the engine and its thread, so `engine` never depends on configuration.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,9 @@ import llama_cpp as C
 from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, Settings, SplitMode, fit_n_ctx
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
-from llama_srb.engine.native import Context, ContextOptions, Model, ModelOptions, NativeError
 from llama_srb.engine.runtime import Runtime
+from llama_srb.native import Context, ContextOptions, Model, ModelOptions, NativeError
+from llama_srb.rpc import add_rpc_servers
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +137,8 @@ def open_context(model: Model, settings: Settings) -> Context:
 def load_engine(settings: Settings, on_death: Callable[[str], None] | None = None) -> LoadedEngine:
     """`on_death` is called (on the engine thread) if the engine thread ever dies."""
     path = settings.resolved_model_path()
+    if settings.rpc:
+        add_rpc_servers(settings.rpc)  # before the model: its loader spreads layers over them
     log.info("loading %s", path)
     model = Model(path, model_options(settings))
     context = open_context(model, settings)

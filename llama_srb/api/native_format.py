@@ -1,0 +1,292 @@
+"""Engine outputs → llama.cpp's /completion results and stream events, in llama-server's
+field names and types (tools/server/server-task.cpp: `to_json_non_oaicompat`).
+
+Each of the call's p*n results has an `index` (prompt position*n + branch). A stream
+sends one event per generated token of a result (`content`, `tokens`, `stop: false`) and,
+when the result ends, one with `stop: true`, `stop_type`, `stopping_word`, the token counts
+and `timings`. Without streaming each result is one object; several make a JSON array.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from llama_srb.api.choices import choice_index
+from llama_srb.api.errors import APIError, sse_error
+from llama_srb.api.logprob_format import Piece
+from llama_srb.api.prompts import Prompt
+from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.engine.sequence import FinishReason
+from llama_srb.sampling.logprobs import TokenLogprob
+from llama_srb.sampling.params import SamplingParams
+
+RANDOM_SEED = 0xFFFFFFFF  # what llama-server reports for "no seed given" (-1 as uint32)
+
+
+@dataclass(frozen=True)
+class NativeOptions:
+    """What shapes the answer, beside the sampling parameters."""
+
+    model: str
+    n: int
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+    return_tokens: bool = False
+    stream: bool = False
+    samplers: tuple[str, ...] = ()
+
+
+@dataclass
+class NativeResult:
+    """One result (one branch of one prompt) as it accumulates."""
+
+    index: int
+    parts: list[str] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    probs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    first_at: float | None = None  # when its first token arrived
+    ended_at: float | None = None
+
+    @property
+    def content(self) -> str:
+        return "".join(self.parts)
+
+    def add(self, delta: ChoiceDelta, now: float) -> None:
+        if self.first_at is None:
+            self.first_at = now
+        self.parts.append(delta.text)
+        self.tokens.extend(delta.token_ids)
+        if delta.logprobs:
+            self.probs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.ended_at = now
+
+
+@dataclass
+class NativeCall:
+    """One /completion call: its prompts, options and results, rendered either way."""
+
+    options: NativeOptions
+    params: SamplingParams
+    prompts: Sequence[Prompt]
+    piece: Piece
+    started: float = field(default_factory=time.perf_counter)
+    results: dict[int, NativeResult] = field(default_factory=dict)
+    cached: dict[int, int] = field(default_factory=dict)  # per prompt position
+
+    # -- reading the engine's outputs ---------------------------------------------------
+
+    def _deltas(self, position: int, out: RequestOutput) -> list[tuple[NativeResult, ChoiceDelta]]:
+        now = time.perf_counter()
+        self.cached[position] = out.cached_tokens
+        seen = []
+        for delta in out.choices:
+            index = choice_index(position, self.options.n, delta)
+            result = self.results.setdefault(index, NativeResult(index))
+            result.add(delta, now)
+            seen.append((result, delta))
+        return seen
+
+    async def collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> Any:
+        """The whole answer: one result object, or a list of them (n > 1 or several
+        prompts), ordered by index, as llama-server answers."""
+        async for position, out in outputs:
+            if out.error is not None:
+                raise APIError(500, out.error, code="engine_error")
+            self._deltas(position, out)
+        finals = [self.final(self.results[i]) for i in sorted(self.results)]
+        return finals[0] if len(finals) == 1 else finals
+
+    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        """Server-sent events: each token of each result, then its final event. No
+        `[DONE]`: llama-server's native stream just ends."""
+        async for position, out in outputs:
+            if out.error is not None:
+                yield sse_error(out.error)
+                return
+            for result, delta in self._deltas(position, out):
+                if delta.text or delta.token_ids:
+                    yield _sse(self.partial(result, delta))
+                if delta.finish_reason is not None:
+                    yield _sse(self.final(result))
+
+    # -- rendering ------------------------------------------------------------------------
+
+    def _position(self, result: NativeResult) -> int:
+        return result.index // self.options.n
+
+    def partial(self, result: NativeResult, delta: ChoiceDelta) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "index": result.index,
+            "content": delta.text,
+            "tokens": delta.token_ids,
+            "stop": False,
+            "id_slot": result.index,
+            "tokens_predicted": len(result.tokens),
+            "tokens_evaluated": len(self.prompts[self._position(result)].tokens),
+        }
+        if self.options.n_probs > 0 and delta.logprobs:
+            event["completion_probabilities"] = self.probabilities(delta.logprobs)
+        return event
+
+    def final(self, result: NativeResult) -> dict[str, Any]:
+        prompt = self.prompts[self._position(result)]
+        stop_type, word = stop_info(result, self.params.stop, self.piece)
+        stream = self.options.stream
+        content = "" if stream else result.content  # a stream sent it already
+        body: dict[str, Any] = {
+            "index": result.index,
+            "content": content,
+            "tokens": result.tokens if self.options.return_tokens and not stream else [],
+            "id_slot": result.index,
+            "stop": True,
+            "model": self.options.model,
+            "tokens_predicted": len(result.tokens),
+            "tokens_evaluated": len(prompt.tokens),
+            "generation_settings": generation_settings(self.params, self.options),
+            "prompt": prompt.text,
+            "has_new_line": "\n" in result.content,
+            "truncated": False,
+            "stop_type": stop_type,
+            "stopping_word": word,
+            "tokens_cached": self.cached.get(self._position(result), 0),
+            "timings": self.timings(result, len(prompt.tokens)),
+        }
+        if not stream and self.options.n_probs > 0:
+            body["completion_probabilities"] = self.probabilities(result.probs)
+        return body
+
+    def timings(self, result: NativeResult, prompt_tokens: int) -> dict[str, Any]:
+        """llama-server's `timings`. The prompt's time runs from the call to the result's
+        first token (queueing included); the rest is generation."""
+        cached = self.cached.get(self._position(result), 0)
+        first = result.first_at if result.first_at is not None else self.started
+        ended = result.ended_at if result.ended_at is not None else time.perf_counter()
+        prompt_n, predicted_n = prompt_tokens - cached, len(result.tokens)
+        prompt_ms, predicted_ms = (first - self.started) * 1000, (ended - first) * 1000
+        return {
+            "cache_n": cached,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1000 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": predicted_n,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+            "predicted_per_second": 1000 * predicted_n / predicted_ms if predicted_ms > 0 else 0.0,
+        }
+
+    def probabilities(self, entries: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+        """`completion_probabilities`: per token its id, text, bytes and log-probability,
+        and the `n_probs` most likely tokens. With `post_sampling_probs` the values are
+        probabilities (`prob`, `top_probs`); either way they are the model's own, before
+        the sampler chain (README, "Log-probabilities")."""
+        post = self.options.post_sampling_probs
+        top_key = "top_probs" if post else "top_logprobs"
+        return [
+            {
+                **self._token(entry.token, entry.logprob),
+                top_key: [self._token(t, lp) for t, lp in entry.top[: self.options.n_probs]],
+            }
+            for entry in entries
+        ]
+
+    def _token(self, token: int, logprob: float) -> dict[str, Any]:
+        raw = self.piece(token)
+        value = math.exp(logprob) if self.options.post_sampling_probs else logprob
+        return {
+            "id": token,
+            "token": raw.decode("utf-8", errors="ignore"),  # llama-server: the valid part
+            "bytes": list(raw),
+            "prob" if self.options.post_sampling_probs else "logprob": value,
+        }
+
+
+def stop_info(result: NativeResult, stops: Sequence[str], piece: Piece) -> tuple[str, str]:
+    """llama-server's `stop_type` ("eos", "word", "limit", or "none" while running) and
+    `stopping_word`. A stop string ends a result right after the text it held back: the
+    result's own tokens spell its content, then the stop string."""
+    if result.finish_reason is FinishReason.LENGTH:
+        return "limit", ""
+    if result.finish_reason is not FinishReason.STOP:
+        return "none", ""
+    spelled = b"".join(piece(t) for t in result.tokens).decode("utf-8", errors="replace")
+    tail = spelled[len(result.content) :]
+    if tail and stops:
+        word = next((s for s in stops if tail.startswith(s)), None)
+        if word is None:  # a stop cut inside a character: the earliest one in the tail
+            found = [(tail.find(s), s) for s in stops if s in tail]
+            word = min(found)[1] if found else None
+        if word is not None:
+            return "word", word
+    return "eos", ""
+
+
+def generation_settings(params: SamplingParams, options: NativeOptions) -> dict[str, Any]:
+    """The settings a result was generated with, under llama-server's names."""
+    return {
+        "n_predict": params.max_tokens,
+        "max_tokens": params.max_tokens,
+        "seed": params.seed if params.seed is not None else RANDOM_SEED,
+        "temperature": params.temperature,
+        "dynatemp_range": params.dynatemp_range,
+        "dynatemp_exponent": params.dynatemp_exponent,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "top_n_sigma": params.top_n_sigma,
+        "xtc_probability": params.xtc_probability,
+        "xtc_threshold": params.xtc_threshold,
+        "typical_p": params.typical_p,
+        "repeat_last_n": params.repeat_last_n,
+        "repeat_penalty": params.repeat_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "dry_multiplier": params.dry_multiplier,
+        "dry_base": params.dry_base,
+        "dry_allowed_length": params.dry_allowed_length,
+        "dry_penalty_last_n": params.dry_penalty_last_n,
+        "dry_sequence_breakers": list(params.dry_sequence_breakers),
+        "mirostat": params.mirostat,
+        "mirostat_tau": params.mirostat_tau,
+        "mirostat_eta": params.mirostat_eta,
+        "stop": list(params.stop),
+        "n_keep": 0,
+        "n_discard": 0,
+        "ignore_eos": params.ignore_eos,
+        "stream": options.stream,
+        "logit_bias": [{"bias": bias, "token": token} for token, bias in params.logit_bias],
+        "n_probs": options.n_probs,
+        "min_keep": 0,
+        "min_tokens": params.min_tokens,
+        "grammar": params.grammar or "",
+        "samplers": list(options.samplers or DEFAULT_SAMPLERS),
+        "post_sampling_probs": options.post_sampling_probs,
+        "timings_per_token": False,
+        "n": options.n,
+    }
+
+
+# llama.cpp's default chain, the order this server's chains always follow
+DEFAULT_SAMPLERS = (
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "top_p",
+    "min_p",
+    "xtc",
+    "temperature",
+)
+
+
+def _sse(payload: object) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"

@@ -1,0 +1,150 @@
+"""Other servers' model and token routes, for clients written against them:
+
+- TabbyAPI: GET /v1/model/list and /v1/model (SillyTavern's connect check for its Tabby
+  type), POST /v1/token/encode and /v1/token/decode (its tokenizer; Mikupad's OpenAI mode
+  probes /v1/token/encode for token counts, with Tabby's `text` or Aphrodite's `prompt`).
+- text-generation-webui: GET /v1/internal/model/info (SillyTavern's ooba type turns remote
+  tokenization on when it answers), POST /v1/internal/encode, /decode and /token-count.
+
+The text routes share /tokenize's work: tokenized on a worker, bounded by the context.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llama_srb.api.body import body_spec, parsed
+from llama_srb.api.protocol import ModelCard, ModelList
+from llama_srb.api.routes.tokenize import check_tokens, tokens_of
+from llama_srb.api.state import AppState
+
+
+class EncodeRequest(BaseModel):
+    """TabbyAPI's (`text`) or text-generation-webui's encode body; Aphrodite's `prompt`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | None = None
+    prompt: str | None = Field(None, description="Aphrodite's name for text")
+    add_bos_token: bool = Field(True, description="add the model's BOS token, if it wants one")
+    encode_special_tokens: bool = Field(True, description="read `<start_of_turn>` as one token")
+
+    @model_validator(mode="after")
+    def _has_text(self) -> EncodeRequest:
+        if self.text is None and self.prompt is None:
+            raise ValueError("send the text to encode as `text`")
+        return self
+
+    @property
+    def content(self) -> str:
+        return self.text if self.text is not None else self.prompt or ""
+
+
+class EncodeResponse(BaseModel):
+    tokens: list[int]
+    length: int
+
+
+class TokenCount(BaseModel):
+    length: int
+
+
+class DecodeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[int]
+
+
+class DecodeResponse(BaseModel):
+    text: str
+
+
+class TabbyModelCard(ModelCard):
+    parameters: dict[str, int] = Field(default_factory=dict)
+
+
+class OobaModelInfo(BaseModel):
+    model_name: str
+    lora_names: list[str] = Field(default_factory=list)
+
+
+def dialects_router(state: AppState) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+    name = state.settings.model_name
+
+    def card() -> TabbyModelCard:
+        loaded = state.ready()
+        return TabbyModelCard(
+            id=name, created=state.created, parameters={"max_seq_len": loaded.n_ctx}
+        )
+
+    @router.get("/model/list", response_model=ModelList)
+    async def model_list() -> ModelList:
+        return ModelList(data=[card()])
+
+    @router.get("/model", response_model=TabbyModelCard)
+    async def model() -> TabbyModelCard:
+        return card()
+
+    @router.get("/internal/model/info", response_model=OobaModelInfo)
+    async def model_info() -> OobaModelInfo:
+        state.ready()
+        return OobaModelInfo(model_name=name)
+
+    async def encode(body: EncodeRequest) -> EncodeResponse:
+        loaded = state.ready()
+
+        def run() -> EncodeResponse:
+            tokens = tokens_of(loaded, body.content, body.add_bos_token, body.encode_special_tokens)
+            return EncodeResponse(tokens=tokens, length=len(tokens))
+
+        return await state.workers.run(run)
+
+    async def decode(body: DecodeRequest) -> DecodeResponse:
+        loaded = state.ready()
+
+        def run() -> DecodeResponse:
+            check_tokens(loaded, body.tokens)
+            return DecodeResponse(text=loaded.model.detokenize(body.tokens))
+
+        return await state.workers.run(run)
+
+    for prefix in ("/token", "/internal"):
+
+        @router.post(
+            f"{prefix}/encode",
+            response_model=EncodeResponse,
+            openapi_extra=body_spec(EncodeRequest),
+        )
+        async def encode_route(
+            body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))],
+        ) -> Response:
+            return _json(await encode(body))
+
+        @router.post(
+            f"{prefix}/decode",
+            response_model=DecodeResponse,
+            openapi_extra=body_spec(DecodeRequest),
+        )
+        async def decode_route(
+            body: Annotated[DecodeRequest, Depends(parsed(DecodeRequest))],
+        ) -> Response:
+            return _json(await decode(body))
+
+    @router.post(
+        "/internal/token-count", response_model=TokenCount, openapi_extra=body_spec(EncodeRequest)
+    )
+    async def token_count(
+        body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))],
+    ) -> Response:
+        return _json(TokenCount(length=(await encode(body)).length))
+
+    return router
+
+
+def _json(model: BaseModel) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")

@@ -1,0 +1,136 @@
+"""llama.cpp's own API, at the root as its server has it: POST /completion (and
+/completions) and GET /props. SillyTavern's "llama.cpp" API type and Mikupad's default mode
+speak only this. Same engine path as /v1/completions: each prompt evaluated once, its n
+results decoded together."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from llama_srb.api import dialects
+from llama_srb.api.body import body_spec, parsed
+from llama_srb.api.constraints import request_params
+from llama_srb.api.native_format import NativeCall, NativeOptions, generation_settings
+from llama_srb.api.native_protocol import NativeCompletionRequest
+from llama_srb.api.prompts import Prompt, build_all, count_prompts, merge, parse_prompts
+from llama_srb.api.routes.chat import default_max_tokens
+from llama_srb.api.serving import check_request, discard, generate, sse_response, until_disconnect
+from llama_srb.api.state import AppState
+from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.native import Model
+from llama_srb.sampling.params import ParamError, SamplingParams
+
+MAX_N_PROBS = 20  # as OpenAI's logprobs: each one is a sort of the vocabulary's top
+
+
+def native_router(state: AppState) -> APIRouter:
+    router = APIRouter()
+    settings = state.settings
+
+    async def completion(
+        body: Annotated[NativeCompletionRequest, Depends(parsed(NativeCompletionRequest))],
+        http: Request,
+    ) -> Response:
+        loaded = check_request(state, body, count_prompts(body.prompt))
+        model = loaded.model
+
+        def prepare() -> tuple[list[Prompt], SamplingParams, list[EngineRequest]]:
+            prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
+            longest = max(len(p.tokens) for p in prompts)
+            params = native_params(body, model, loaded.n_ctx, longest)
+            return prompts, params, build_all(loaded, body.n, prompts, params, "cmpl")
+
+        prompts, params, requests = await state.workers.run(
+            prepare, lambda built: discard(built[2])
+        )
+        options = NativeOptions(
+            model=settings.model_name,
+            n=body.n,
+            n_probs=body.n_probs,
+            post_sampling_probs=body.post_sampling_probs,
+            return_tokens=body.return_tokens,
+            stream=body.stream,
+            samplers=tuple(sampler_list(body)),
+        )
+        call = NativeCall(options, params, prompts, model.piece)
+        outputs = merge([generate(state, request) for request in requests])
+        if body.stream:
+            return sse_response(call.events(outputs))
+        return JSONResponse(await until_disconnect(http, call.collect(outputs)))
+
+    for path in ("/completion", "/completions"):
+        router.add_api_route(
+            path,
+            completion,
+            methods=["POST"],
+            openapi_extra=body_spec(NativeCompletionRequest),
+            summary="llama.cpp's completion API",
+        )
+
+    @router.get("/props")
+    async def props() -> JSONResponse:
+        """llama-server's /props: what SillyTavern reads to derive its templates."""
+        loaded = state.ready()
+        served = state.chat_template()
+        model = loaded.model
+        # llama-server's defaults say -1 for "until the end"; ours is what fits (native_params)
+        defaults = {
+            **generation_settings(SamplingParams(), NativeOptions(settings.model_name, 1)),
+            "n_predict": -1,
+            "max_tokens": -1,
+        }
+        return JSONResponse(
+            {
+                "default_generation_settings": {
+                    "id": 0,
+                    "id_task": -1,
+                    "n_ctx": loaded.n_ctx,
+                    "speculative": False,
+                    "is_processing": False,
+                    "params": defaults,
+                    "prompt": "",
+                },
+                "total_slots": settings.max_sequences,
+                "model_alias": settings.model_name,
+                "model_path": str(settings.resolved_model_path()),
+                "chat_template": served.source,
+                "chat_template_source": served.origin,  # ours: where it came from
+                "bos_token": _special(model, model.bos),
+                "eos_token": _special(model, model.eos),
+                "modalities": {"vision": False, "audio": False},
+                "build_info": "llama-srb",
+            }
+        )
+
+    return router
+
+
+def sampler_list(body: NativeCompletionRequest) -> list[str]:
+    return dialects.sampler_names(body.samplers) if body.samplers is not None else []
+
+
+def native_params(
+    body: NativeCompletionRequest, model: Model, n_ctx: int, prompt_len: int
+) -> SamplingParams:
+    """SamplingParams from llama.cpp's fields: `n_predict` -1 (or none) is what fits in
+    the context, shared by the n results, up to the chat default's cap; `samplers` turns
+    off those it leaves out."""
+    if not 0 <= body.n_probs <= MAX_N_PROBS:
+        raise ParamError("n_probs", f"n_probs must be in [0, {MAX_N_PROBS}], got {body.n_probs}")
+    if body.n_predict is not None and body.n_predict < -1:
+        raise ParamError("n_predict", f"n_predict must be -1 or more, got {body.n_predict}")
+    max_tokens = body.n_predict
+    if max_tokens is None or max_tokens == -1:
+        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n)
+    logprobs = body.n_probs if body.n_probs > 0 else None
+    params = request_params(body, model, n_ctx, max_tokens=max_tokens, logprobs=logprobs)
+    if body.samplers is not None:
+        params = dialects.only_samplers(params, sampler_list(body))
+    return params
+
+
+def _special(model: Model, token: int) -> str:
+    return model.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""

@@ -1,0 +1,50 @@
+"""What the engine needs from llama.cpp, and no more: the real model and context
+(llama_srb/native.py) satisfy these protocols, and so does the unit tests' fake, which
+computes logits from a table (tests/unit/fake_context.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from llama_srb.native import Batch
+
+
+class Vocabulary(Protocol):
+    @property
+    def bos(self) -> int: ...
+
+    @property
+    def eog_tokens(self) -> tuple[int, ...]: ...
+
+
+class DecodeContext(Protocol):
+    """One context with a unified KV cache: decode a batch, read its logits, and tag or
+    drop cells by sequence id."""
+
+    @property
+    def n_ctx(self) -> int: ...
+
+    @property
+    def n_batch(self) -> int: ...
+
+    @property
+    def ptr(self) -> Any:
+        """What a sampler reads this step's logits through (`Sampler.sample`)."""
+        ...
+
+    def warm_up(self, token: int) -> None: ...
+
+    def decode(self, batch: Batch) -> None:
+        """Raises DecodeError when llama.cpp refuses the batch."""
+        ...
+
+    def logits(self, index: int) -> npt.NDArray[np.float32]:
+        """The logits row of batch position `index`, writable in place."""
+        ...
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...

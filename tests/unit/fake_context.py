@@ -1,0 +1,272 @@
+"""A fake llama.cpp context for engine tests: no model, logits from a table.
+
+It keeps a KV cache the way llama.cpp's unified cache does (cells holding a position and a
+token, tagged with the sequence ids that share them: `seq_cp` tags, `seq_rm` untags), and
+computes each row of logits from the tokens its sequence holds at positions 0..pos. So a
+wrong fork, a missed copy or a cell released too early changes what the engine samples,
+and `check_kv` compares the engine's books with the cells actually held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from llama_srb.engine.engine import Engine
+from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.sequence import Request, RequestStatus
+from llama_srb.engine.sequence import Sequence as Branch
+from llama_srb.native import Batch, DecodeError
+from llama_srb.sampling.params import SamplingParams
+from llama_srb.sampling.text import TextStream
+
+N_VOCAB = 28
+EOS = 0  # the only end-of-generation token
+BOS = 1  # silent, as Gemma's <bos>
+LETTERS = range(2, N_VOCAB)  # token t spells chr(ord("a") + t - 2)
+
+
+class FakeModel:
+    n_vocab = N_VOCAB
+    bos = BOS
+    eog_tokens = (EOS,)
+
+    @staticmethod
+    def piece(token: int) -> bytes:
+        return b"" if token < 2 else bytes([ord("a") + token - 2])
+
+    @staticmethod
+    def tokens(text: str) -> list[int]:
+        return [ord(c) - ord("a") + 2 for c in text]
+
+
+def ranking(history: Sequence[int]) -> list[int]:
+    """The table the fake's logits come from: every letter, most likely first, as a
+    function of the whole history (so a sequence holding the wrong cells samples wrong).
+    End-of-generation comes after every letter (BOS last); `Ends` tables put it first."""
+    key = sum((i + 1) * t for i, t in enumerate(history[-8:])) + len(history)
+    start = key % len(LETTERS)
+    letters = list(LETTERS)
+    return [*letters[start:], *letters[:start], EOS, BOS]
+
+
+Table = Callable[[Sequence[int]], list[int]]
+
+
+@dataclass
+class Ends:
+    """A table whose end-of-generation token comes first after `after` generated tokens."""
+
+    prompt_len: int
+    after: int
+
+    def __call__(self, history: Sequence[int]) -> list[int]:
+        order = ranking(history)
+        if len(history) - self.prompt_len >= self.after:
+            order.remove(EOS)
+            order.insert(0, EOS)
+        return order
+
+
+def row_for(history: Sequence[int], table: Table = ranking) -> npt.NDArray[np.float32]:
+    row = np.empty(N_VOCAB, dtype=np.float32)
+    row[table(history)] = -np.arange(N_VOCAB, dtype=np.float32)  # best 0, then -1, -2, ...
+    return row
+
+
+@dataclass(eq=False)
+class Cell:
+    pos: int
+    token: int
+    seqs: set[int] = field(default_factory=set)
+
+
+class FakeContext:
+    """Satisfies engine.context.DecodeContext; `ptr` is itself (what FakeSampler reads)."""
+
+    def __init__(self, n_ctx: int, n_batch: int, n_seq_max: int, table: Table = ranking) -> None:
+        self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
+        self.table = table
+        self.cells: list[Cell] = []
+        self.rows: dict[int, npt.NDArray[np.float32]] = {}
+        self.fail_next: int | None = None  # a DecodeError code for the next decode
+        self.decoded = 0  # tokens computed by all decodes
+
+    @property
+    def ptr(self) -> FakeContext:
+        return self
+
+    def warm_up(self, token: int) -> None:
+        pass
+
+    def decode(self, batch: Batch) -> None:
+        self.rows = {}
+        if self.fail_next is not None:
+            code, self.fail_next = self.fail_next, None
+            raise DecodeError(code)
+        struct = batch.struct
+        n = batch.n_tokens
+        if len(self.cells) + n > self.n_ctx:
+            raise DecodeError(1)  # no KV slot, as llama.cpp says
+        for i in range(n):
+            seq, pos = struct.seq_id[i][0], struct.pos[i]
+            assert 0 <= seq < self.n_seq_max, f"seq id {seq} out of range"
+            held = self.held(seq)
+            # llama.cpp requires each sequence's positions to continue where its cells end.
+            assert pos == len(held), f"seq {seq}: token at {pos}, but it holds {len(held)}"
+            self.cells.append(Cell(pos, struct.token[i], {seq}))
+            if struct.logits[i]:
+                self.rows[i] = row_for([*held, struct.token[i]], self.table)
+        self.decoded += n
+
+    def logits(self, index: int) -> npt.NDArray[np.float32]:
+        return self.rows[index]  # a KeyError where llama.cpp would have no row
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        lo, hi = max(p0, 0), p1 if p1 >= 0 else 1 << 62
+        for cell in self.cells:
+            if src in cell.seqs and lo <= cell.pos < hi:
+                cell.seqs.add(dst)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
+        lo, hi = max(p0, 0), p1 if p1 >= 0 else 1 << 62
+        for cell in self.cells:
+            if (seq_id < 0 or seq_id in cell.seqs) and lo <= cell.pos < hi:
+                cell.seqs.discard(seq_id)
+        self.cells = [c for c in self.cells if c.seqs]
+
+    def held(self, seq: int) -> list[int]:
+        """The tokens `seq` holds, by position; they must be 0..n-1 without a gap."""
+        cells = sorted((c for c in self.cells if seq in c.seqs), key=lambda c: c.pos)
+        assert [c.pos for c in cells] == list(range(len(cells))), f"seq {seq} has a gap"
+        return [c.token for c in cells]
+
+
+class FakeSampler:
+    """Picks the `rank`-th most likely token (0: greedy), so branches can differ."""
+
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self.closed = 0
+
+    def sample(self, ctx: FakeContext, batch_index: int) -> int:
+        row = ctx.logits(batch_index)
+        order = np.argsort(-row, kind="stable")
+        return int(order[self.rank])
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def expected(prompt: list[int], rank: int, steps: int, table: Table = ranking) -> list[int]:
+    """What a branch of `prompt` sampling the `rank`-th token generates alone."""
+    history = list(prompt)
+    for _ in range(steps):
+        row = row_for(history, table)
+        history.append(int(np.argsort(-row, kind="stable")[rank]))
+    return history[len(prompt) :]
+
+
+def make_request(
+    request_id: str,
+    prompt: list[int],
+    n: int = 1,
+    **params: object,
+) -> Request:
+    """A request whose branch i samples the i-th most likely token."""
+    sampling = SamplingParams(**params)  # type: ignore[arg-type]
+    branches = [
+        Branch(index=i, sampler=FakeSampler(i), decoder=TextStream(FakeModel.piece, sampling.stop))
+        for i in range(n)
+    ]
+    return Request(request_id, prompt, sampling, branches)
+
+
+def make_engine(
+    n_ctx: int = 1024,
+    n_batch: int = 64,
+    max_live: int = 8,
+    cache_paths: int = 8,
+    cache_cells: int | None = None,
+    table: Table = ranking,
+) -> tuple[Engine, FakeContext]:
+    """An engine over a fake context; the prefix cache may use every cell by default."""
+    budget = KvBudget(max_live, n_ctx, cache_paths, n_ctx if cache_cells is None else cache_cells)
+    ctx = FakeContext(n_ctx, n_batch, budget.n_seq, table)
+    return Engine(FakeModel(), ctx, budget), ctx
+
+
+@dataclass
+class Outputs:
+    """Every output the engine returned, by request id."""
+
+    by_request: dict[str, list[RequestOutput]] = field(default_factory=dict)
+
+    def add(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            got = self.by_request.setdefault(output.request_id, [])
+            assert not (got and got[-1].finished), f"{output.request_id}: output after the last"
+            got.append(output)
+
+    def tokens(self, request_id: str) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for output in self.by_request.get(request_id, []):
+            for choice in output.choices:
+                out.setdefault(choice.index, []).extend(choice.token_ids)
+        return out
+
+    def text(self, request_id: str) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for output in self.by_request.get(request_id, []):
+            for choice in output.choices:
+                out[choice.index] = out.get(choice.index, "") + choice.text
+        return out
+
+    def reasons(self, request_id: str) -> dict[int, str | None]:
+        return {
+            c.index: c.finish_reason
+            for o in self.by_request.get(request_id, [])
+            for c in o.choices
+            if c.finish_reason is not None
+        }
+
+    def last(self, request_id: str) -> RequestOutput:
+        return self.by_request[request_id][-1]
+
+
+def run(engine: Engine, outputs: Outputs | None = None, max_steps: int = 10_000) -> Outputs:
+    """Step until the engine has nothing left to do, checking the books after each step."""
+    outputs = outputs or Outputs()
+    for _ in range(max_steps):
+        outputs.add(engine.step())
+        check_kv(engine)
+        if not engine.has_work:
+            return outputs
+    raise AssertionError("the engine never ran out of work")
+
+
+def check_kv(engine: Engine) -> None:
+    """The cells each sequence id holds are what the engine's books say they are."""
+    ctx = engine.ctx
+    assert isinstance(ctx, FakeContext)
+    scheduler, budget = engine.scheduler, engine.scheduler.budget
+    for path in budget.cache.paths:
+        assert ctx.held(path.seq_id) == list(path.tokens), f"cached path {path.seq_id}"
+    for request in scheduler.running:
+        for seq in request.live:
+            held, name = ctx.held(seq.seq_id), f"{request.request_id}#{seq.index}"
+            if request.status is RequestStatus.DECODING:
+                assert held == request.prompt + seq.tokens[:-1], name  # newest: decoded next
+            elif seq is request.primary:
+                assert held == request.prompt[: request.n_prefilled], name
+            else:
+                assert held == [], name  # forked when the prompt is complete
+    for seq_id in budget._free_ids:
+        assert not ctx.held(seq_id), f"free seq id {seq_id} holds cells"
+    if not scheduler.running:  # nothing live: the cache's count of its cells is exact
+        assert len(ctx.cells) == budget.cache.cells()
+    assert len(ctx.cells) <= budget.cells_used

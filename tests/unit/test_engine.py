@@ -1,0 +1,306 @@
+"""The engine over a fake context (logits from a table, no model): forks, aborts, decode
+errors, live prefix sharing and admission under a full cache, in milliseconds."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import numpy as np
+
+from llama_srb.engine.runtime import Runtime
+from llama_srb.engine.sequence import FinishReason, Request, RequestStatus
+from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
+from tests.unit.fake_context import (
+    BOS,
+    EOS,
+    Ends,
+    FakeContext,
+    FakeModel,
+    FakeSampler,
+    Outputs,
+    check_kv,
+    expected,
+    make_engine,
+    make_request,
+    run,
+)
+
+_next_letter = iter(range(10**9))
+
+
+def story(length: int) -> list[int]:
+    """A prompt no other story shares (beyond its BOS)."""
+    salt = next(_next_letter)
+    return [BOS, *[2 + (salt * 7 + i * (salt % 5 + 1)) % 26 for i in range(length - 1)]]
+
+
+def closed_once(request: Request) -> bool:
+    return all(
+        isinstance(s.sampler, FakeSampler) and s.sampler.closed == 1 for s in request.sequences
+    )
+
+
+def test_branches_fork_from_one_prefill_and_match_each_decoded_alone() -> None:
+    engine, ctx = make_engine(n_batch=16)
+    prompt = story(40)
+    request = make_request("a", prompt, n=3, max_tokens=6)
+    assert engine.add(request) == []
+    out = run(engine)
+    assert out.tokens("a") == {i: expected(prompt, i, 6) for i in range(3)}
+    assert engine.stats.prompt_tokens_evaluated == len(prompt)  # once for all branches
+    last = out.last("a")
+    assert last.finished and last.completion_tokens == 18 and last.prompt_tokens == 40
+    assert out.reasons("a") == {i: FinishReason.LENGTH for i in range(3)}
+    assert request.status is RequestStatus.FINISHED and closed_once(request)
+    # Parked: the prompt's cells once, and each branch's 5 decoded tokens (the 6th was
+    # sampled, never decoded).
+    assert len(ctx.cells) == len(prompt) + 3 * 5
+    snapshot = engine.snapshot
+    assert snapshot.stats.generated_tokens == 18 and snapshot.requests_running == 0
+    assert snapshot.kv_cells_cached == len(ctx.cells) and snapshot.sequences_running == 0
+
+
+def test_abort_mid_prefill_frees_the_request_and_keeps_what_was_computed() -> None:
+    engine, _ = make_engine(n_batch=16)
+    prompt = story(100)
+    request = make_request("a", prompt, n=2, max_tokens=4)
+    engine.add(request)
+    out = Outputs()
+    for _ in range(3):
+        out.add(engine.step())
+    check_kv(engine)
+    assert request.status is RequestStatus.PREFILLING and request.n_prefilled == 48
+    assert out.by_request == {}  # prefill steps publish nothing
+    out.add(engine.abort("a"))
+    last = out.last("a")
+    assert last.finished and last.error is None and last.completion_tokens == 0
+    assert out.reasons("a") == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
+    assert closed_once(request) and not engine.has_work
+    budget = engine.scheduler.budget
+    assert budget.live == 0 and budget.cells_reserved == 0
+    assert [list(p.tokens) for p in budget.cache.paths] == [prompt[:48]]
+    check_kv(engine)
+    assert engine.abort("a") == []  # gone: a second abort is a no-op
+
+    again = make_request("b", prompt, max_tokens=3)
+    engine.add(again)
+    run(engine, out)
+    assert again.n_cached == 48 and out.tokens("b") == {0: expected(prompt, 0, 3)}
+    assert engine.stats.prompt_tokens_evaluated == len(prompt)  # the aborted part not again
+
+
+def test_abort_while_decoding_caches_the_branches_and_a_waiting_request_just_leaves() -> None:
+    engine, _ = make_engine(max_live=2)
+    running = make_request("run", story(40), n=2, max_tokens=50)
+    engine.add(running)
+    out = Outputs()
+    for _ in range(4):
+        out.add(engine.step())
+    waiting = make_request("wait", story(40), n=2)
+    engine.add(waiting)
+    out.add(engine.step())
+    assert running.status is RequestStatus.DECODING
+    assert waiting.status is RequestStatus.WAITING  # both seq ids are taken
+
+    out.add(engine.abort("wait"))
+    assert out.reasons("wait") == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
+    assert closed_once(waiting) and waiting.status is RequestStatus.FINISHED
+    assert all(s.seq_id == -1 for s in waiting.sequences)
+
+    generated = [list(s.tokens) for s in running.sequences]
+    out.add(engine.abort("run"))
+    assert out.reasons("run") == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
+    assert out.tokens("run") == {i: generated[i] for i in range(2)}
+    paths = sorted(list(p.tokens) for p in engine.scheduler.budget.cache.paths)
+    # Each branch's cells: the prompt and its tokens but the newest (never decoded).
+    assert paths == sorted(running.prompt + g[:-1] for g in generated)
+    check_kv(engine)
+    assert not engine.has_work and closed_once(running)
+
+
+def test_a_decode_error_fails_the_requests_in_the_batch_and_the_engine_goes_on() -> None:
+    engine, ctx = make_engine(n_batch=16, max_live=2)
+    first = make_request("first", story(40), n=2, max_tokens=4)
+    queued = make_request("queued", story(20), n=2, max_tokens=4)
+    engine.add(first)
+    engine.add(queued)
+    out = Outputs()
+    out.add(engine.step())
+    ctx.fail_next = 1
+    out.add(engine.step())
+    last = out.last("first")
+    assert last.finished and last.error is not None and "code 1" in last.error
+    assert out.reasons("first") == {0: FinishReason.ERROR, 1: FinishReason.ERROR}
+    assert closed_once(first) and "queued" not in out.by_request
+    assert engine.scheduler.budget.cache.paths == []  # a failed request's cells are not kept
+    check_kv(engine)
+    run(engine, out)
+    assert out.tokens("queued") == {i: expected(queued.prompt, i, 4) for i in range(2)}
+    assert out.last("queued").error is None
+
+
+def test_an_unexpected_error_in_a_step_fails_what_is_in_flight_and_keeps_serving() -> None:
+    engine, _ = make_engine()
+    broken = make_request("broken", story(40))
+
+    class Broken(FakeSampler):
+        def sample(self, ctx: FakeContext, batch_index: int) -> int:
+            raise RuntimeError("sampler exploded")
+
+    broken.sequences[0].sampler = Broken()
+    engine.add(broken)
+    out = run(engine)
+    assert out.last("broken").error == "engine error: sampler exploded"
+    assert engine.scheduler.budget.live == 0 and engine.scheduler.budget.cells_reserved == 0
+    check_kv(engine)
+    fine = make_request("fine", story(40), max_tokens=3)
+    engine.add(fine)
+    run(engine, out)
+    assert out.tokens("fine") == {0: expected(fine.prompt, 0, 3)}
+
+
+def test_a_prompt_being_prefilled_is_shared_live_not_computed_twice() -> None:
+    engine, _ = make_engine(n_batch=16)
+    prompt = story(80)
+    first = make_request("first", prompt, max_tokens=3)
+    second = make_request("second", [*prompt, *FakeModel.tokens("xyz")], n=2, max_tokens=3)
+    engine.add(first)
+    engine.add(second)
+    out = run(engine)
+    assert second.n_cached == 80 and out.last("second").cached_tokens == 80
+    assert engine.stats.prompt_tokens_evaluated == 80 + 3
+    assert engine.stats.prompt_tokens_cached == 80
+    assert out.tokens("first") == {0: expected(prompt, 0, 3)}
+    assert out.tokens("second") == {i: expected(second.prompt, i, 3) for i in range(2)}
+
+
+def test_admission_under_a_full_cache_evicts_idle_paths_and_queues_what_cannot_fit() -> None:
+    engine, ctx = make_engine(n_ctx=200, max_live=2, cache_paths=4)
+    budget = engine.scheduler.budget
+    out = Outputs()
+    old = make_request("old", story(60), max_tokens=4)
+    recent = make_request("recent", story(60), max_tokens=4)
+    for request in (old, recent):
+        engine.add(request)
+        run(engine, out)
+    assert budget.cache.cells() == len(ctx.cells) == 63 + 62  # the two share their BOS
+    big = make_request("big", story(100), max_tokens=10)  # 110 cells: one path must go
+    engine.add(big)
+    out.add(engine.step())
+    assert big.status is RequestStatus.PREFILLING
+    assert [list(p.tokens)[:60] for p in budget.cache.paths] == [recent.prompt]  # LRU went
+    check_kv(engine)
+    late = make_request("late", story(80), max_tokens=20)  # 100 cells: not while big runs
+    engine.add(late)
+    out.add(engine.step())
+    assert late.status is RequestStatus.WAITING and engine.has_work
+    run(engine, out)
+    assert late.status is RequestStatus.FINISHED and out.last("late").error is None
+    assert out.tokens("late") == {0: expected(late.prompt, 0, 20)}
+    assert out.tokens("big") == {0: expected(big.prompt, 0, 10)}
+    never = make_request("never", story(150), max_tokens=60)  # 210 cells of 200
+    refused = engine.add(never)
+    assert [o.finished for o in refused] == [True] and refused[0].error is not None
+    assert "210 KV cells, 200 exist" in refused[0].error and closed_once(never)
+    assert not engine.has_work
+
+
+def test_a_request_that_fits_only_without_its_cached_prefix_computes_it() -> None:
+    engine, _ = make_engine(n_ctx=200, max_live=2)
+    prompt = story(100)
+    engine.add(make_request("first", prompt, max_tokens=50))
+    out = run(engine)  # cached: the prompt and 49 generated tokens, 149 cells
+    # 200 cells: it fits alone, but not beside the 149-cell path it would fork from.
+    again = make_request("again", [*prompt, 5], max_tokens=99)
+    engine.add(again)
+    run(engine, out)
+    assert again.status is RequestStatus.FINISHED and again.n_cached == 0
+    assert out.tokens("again") == {0: expected(again.prompt, 0, 99)}
+
+
+def test_endings_eos_min_tokens_stop_strings_grammar_and_zero_tokens() -> None:
+    prompt = story(40)
+    engine, _ = make_engine(table=Ends(len(prompt), after=3))
+    requests = {
+        "eos": make_request("eos", prompt, max_tokens=10),
+        "min": make_request("min", prompt, max_tokens=10, min_tokens=5),
+        "ignore": make_request("ignore", prompt, max_tokens=6, ignore_eos=True),
+        "zero": make_request("zero", prompt, max_tokens=0),
+    }
+    for request in requests.values():
+        engine.add(request)
+    out = run(engine)
+    assert len(out.tokens("eos")[0]) == 3 and out.reasons("eos") == {0: FinishReason.STOP}
+    assert len(out.tokens("min")[0]) == 5 and out.reasons("min") == {0: FinishReason.STOP}
+    assert EOS not in out.tokens("ignore")[0] and len(out.tokens("ignore")[0]) == 6
+    assert out.reasons("zero") == {0: FinishReason.LENGTH} and out.tokens("zero") == {0: []}
+    assert all(closed_once(r) for r in requests.values())
+
+    engine, _ = make_engine()
+    prompt = story(40)
+    text = b"".join(FakeModel.piece(t) for t in expected(prompt, 0, 8)).decode()
+    stop = text[3:6]
+    stopped = make_request("stop", prompt, max_tokens=8, stop=(stop,))
+    engine.add(stopped)
+    out = run(engine)
+    assert out.text("stop") == {0: text[: text.index(stop)]}  # nothing of the stop leaks
+    assert out.reasons("stop") == {0: FinishReason.STOP}
+
+    class Grammar(FakeSampler):  # a grammar with nothing left to allow after two tokens
+        drawn = 0
+
+        def sample(self, ctx: FakeContext, batch_index: int) -> int:
+            self.drawn += 1
+            return GRAMMAR_COMPLETE if self.drawn > 2 else super().sample(ctx, batch_index)
+
+    constrained = make_request("grammar", prompt, max_tokens=8)
+    constrained.sequences[0].sampler = Grammar()
+    engine.add(constrained)
+    run(engine, out)
+    assert out.tokens("grammar") == {0: expected(prompt, 0, 2)}
+    assert out.reasons("grammar") == {0: FinishReason.STOP}
+
+
+def test_logprobs_are_those_of_the_rows_before_the_eog_mask() -> None:
+    prompt = story(40)
+    engine, _ = make_engine(table=Ends(len(prompt), after=0))
+    request = make_request("lp", prompt, max_tokens=2, min_tokens=2, logprobs=2)
+    engine.add(request)
+    out = run(engine)
+    lse = math.log(sum(math.exp(-k) for k in range(28)))
+    for output in out.by_request["lp"]:
+        for choice in output.choices:
+            assert choice.logprobs is not None and len(choice.logprobs) == 1
+            entry = choice.logprobs[0]
+            # EOS is the model's first choice (masked by min_tokens), so the token is its second.
+            assert entry.token == choice.token_ids[0] and np.isclose(entry.logprob, -1 - lse)
+            assert entry.top[0][0] == EOS and len(entry.top) == 2
+
+
+def test_the_runtime_delivers_the_engine_outputs_and_a_reader_leaving_aborts() -> None:
+    engine, _ = make_engine()
+    prompt = story(40)
+
+    async def scenario() -> tuple[dict[int, list[int]], bool]:
+        runtime = Runtime(engine)
+        runtime.start()
+        try:
+            tokens: dict[int, list[int]] = {}
+            async for output in runtime.generate(make_request("a", prompt, n=2, max_tokens=5)):
+                for choice in output.choices:
+                    tokens.setdefault(choice.index, []).extend(choice.token_ids)
+            leaving = runtime.generate(make_request("b", story(40), max_tokens=500))
+            await anext(leaving)
+            await leaving.aclose()  # the reader leaves: its request is aborted
+            for _ in range(200):
+                if not engine.scheduler.running:
+                    break
+                await asyncio.sleep(0.01)
+            return tokens, not engine.scheduler.running
+        finally:
+            runtime.stop()
+
+    tokens, freed = asyncio.run(scenario())
+    assert tokens == {i: expected(prompt, i, 5) for i in range(2)}
+    assert freed and engine.scheduler.budget.live == 0

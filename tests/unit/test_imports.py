@@ -1,0 +1,145 @@
+"""The import graph of llama_srb, read with `ast`: no cycle between modules nor between
+packages, and the layers point one way: native ← sampling ← engine ← api.
+
+Every import counts, wherever it stands (inside functions and TYPE_CHECKING blocks too): a
+cycle hidden behind a lazy import is still a cycle for whoever reads the code.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "llama_srb"
+PACKAGE = "llama_srb"
+
+# Lower layers never import higher ones. Top-level modules not listed (config, cli, …)
+# are free to sit anywhere as long as the graph stays acyclic.
+LAYERS = {"native": 0, "sampling": 1, "engine": 2, "api": 3}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
+    """The llama_srb modules that module `name` imports."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = name.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_package else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            # `from pkg import mod` imports the module pkg.mod; `from mod import x`, mod.
+            targets = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            if target == PACKAGE or not target.startswith(PACKAGE + "."):
+                continue
+            while target not in known and "." in target:  # `import a.b.c` of a name
+                target = target.rsplit(".", 1)[0]
+            if target in known and target != name:
+                yield target
+
+
+@functools.cache
+def graph() -> dict[str, frozenset[str]]:
+    known = modules()
+    return {name: frozenset(imported(name, path, known)) for name, path in known.items()}
+
+
+def package_of(module: str) -> str:
+    """llama_srb.engine.kv → engine; llama_srb.native → native."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def cycles(edges: dict[str, frozenset[str]] | dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read() -> None:
+    edges = graph()
+    assert "llama_srb.engine.engine" in edges["llama_srb.engine.runtime"]
+    assert "llama_srb.native" in edges["llama_srb.sampling.chain"]
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    assert cycles(graph()) == []
+
+
+def test_no_package_imports_itself_through_others() -> None:
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph().items():
+        here = package_of(module)
+        packages.setdefault(here, set()).update(package_of(t) for t in targets)
+        packages[here].discard(here)
+    assert cycles(packages) == []
+
+
+def test_layers_point_down_only() -> None:
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if package_of(module) in LAYERS
+        and package_of(target) in LAYERS
+        and LAYERS[package_of(target)] > LAYERS[package_of(module)]
+    ]
+    assert upward == []
+
+
+def test_the_engine_knows_nothing_of_the_api_or_the_settings() -> None:
+    reaches = {
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if package_of(module) in ("native", "sampling", "engine")
+        and package_of(target) in ("api", "config", "loader", "cli")
+    }
+    assert reaches == set()
