@@ -25,6 +25,8 @@ RPC_PORT   ?= 50052
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile $(WHEEL)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install --quiet --upgrade pip
 	@echo ">> installing llama-srb and its dependencies into $(VENV)"
 	$(PY) -m pip install --progress-bar on --find-links $(WHEELS) -e ".[dev]"
 	@# A venv that already held a build without RPC: replace it by ours.
