@@ -3,6 +3,7 @@ and the engine's limit (a raw llama.cpp loop), side by side in one run.
 
     .venv/bin/python bench/bench_batching.py [--ns 1,2,4,8,16] [--prompt-tokens 512]
                                              [--new-tokens 128] [--repeat 1]
+                                             [--model gemma-3-270m]
 
 Every generation uses `ignore_eos`, so each branch produces exactly --new-tokens tokens.
 Times are wall seconds from sending to the last byte (prefill included); tok/s counts
@@ -26,6 +27,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.raw_loop import RawLoop
+from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
 from llama_srb.testing import RunningServer, run_server
 
@@ -43,8 +45,9 @@ def make_prompt(raw: RawLoop, n_tokens: int) -> str:
     text = PARAGRAPH
     while len(raw.model.tokenize(fresh(text))) < n_tokens:
         text += PARAGRAPH
-    tag_tokens = len(raw.model.tokenize(fresh(""))) - 1
-    tokens = raw.model.tokenize(text)[1 : n_tokens - tag_tokens + 1]
+    bos = int(raw.model.add_bos)  # a model without a BOS (SmolLM2) starts with the text
+    tag_tokens = len(raw.model.tokenize(fresh(""))) - bos
+    tokens = raw.model.tokenize(text)[bos : n_tokens - tag_tokens + bos]
     return b"".join(raw.model.piece(t) for t in tokens).decode("utf-8", errors="ignore")
 
 
@@ -70,14 +73,16 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
 
-    settings = Settings()
+    settings = Settings(model=args.model)
     raw = RawLoop(settings)
     prompt_text = make_prompt(raw, args.prompt_tokens)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, run_server(Path(tmp)) as server:
+    server_args = ("--model", args.model)
+    with tempfile.TemporaryDirectory() as tmp, run_server(Path(tmp), *server_args) as server:
         client = httpx.Client(timeout=600)
 
         def request(n: int, seed: int) -> None:
@@ -132,7 +137,7 @@ def print_table(
 ) -> None:
     new = args.new_tokens
     print(
-        f"\nprompt {prompt_len} tokens, {new} new tokens per branch, ignore_eos; "
+        f"\n{args.model}: prompt {prompt_len} tokens, {new} new tokens per branch, ignore_eos; "
         f"best of {args.repeat}; wall seconds (generated tok/s)\n"
     )
     print(
@@ -147,6 +152,7 @@ def print_table(
     print(
         f"\nreproduce: .venv/bin/python bench/bench_batching.py --ns {args.ns} "
         f"--prompt-tokens {args.prompt_tokens} --new-tokens {args.new_tokens} --repeat {args.repeat}"
+        + ("" if args.model == DEFAULT else f" --model {args.model}")
     )
 
 

@@ -2,6 +2,7 @@
 and what idle cached cells cost.
 
     .venv/bin/python bench/bench_cache.py [--parts swipes,walks,writers,tax] [--n-ctx N]
+                                          [--model gemma-3-270m]
 
 1. Swipes: 8 concurrent requests with n=1 and the same ~512-token prompt vs one request
    with n=8 (each on a prompt not seen before, --swipe-tokens new tokens, ignore_eos).
@@ -16,7 +17,8 @@ and what idle cached cells cost.
    after each of --tax-stories (unrelated stories, in tokens) is parked; against what a
    hit on that story saves (read cold, then again from the cache).
 
-Each part runs on a server of its own with the default settings (but --n-ctx, if given).
+Each part runs on a server of its own with the default settings (but --model and --n-ctx,
+if given).
 All parts take about 10 minutes on 2 CPU cores, most of it the near-end walk's cold read.
 """
 
@@ -40,6 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from llama_srb.bundled_model import DEFAULT
 from llama_srb.testing import RunningServer, run_server
 
 SENTENCES = [
@@ -117,8 +120,8 @@ class Client:
 
 
 @contextmanager
-def server(tmp: Path, n_ctx: int | None) -> Iterator[tuple[RunningServer, Client]]:
-    args = ["--n-ctx", str(n_ctx)] if n_ctx else []
+def server(tmp: Path, model: str, n_ctx: int | None) -> Iterator[tuple[RunningServer, Client]]:
+    args = ["--model", model, *(["--n-ctx", str(n_ctx)] if n_ctx else [])]
     with run_server(tmp, *args) as running:
         client = Client(running)
         client.complete("warm-up", 1, 4)
@@ -313,6 +316,7 @@ def print_tax(rows: list[TaxRow]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="swipes,walks,writers,tax")
+    parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
     parser.add_argument("--n-ctx", type=int, default=None, help="default: the server's own")
     parser.add_argument("--new-tokens", type=int, default=48, help="per branch, walks/writers")
     parser.add_argument("--swipe-tokens", type=int, default=128)
@@ -329,20 +333,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         if "swipes" in parts:
-            with server(tmp, args.n_ctx) as (_, client):
+            with server(tmp, args.model, args.n_ctx) as (_, client):
                 one_n8, eight_n1 = swipes(client, args.swipe_tokens)
             printers.append(lambda: print_swipes(one_n8, eight_n1, args.swipe_tokens))
         if "walks" in parts:
-            with server(tmp, args.n_ctx) as (_, client):
+            with server(tmp, args.model, args.n_ctx) as (_, client):
                 sizes = args.walk_words.split(",")
                 walk_tables = walks(client, sizes, args.end_fraction, args.new_tokens)
             printers.append(lambda: print_walks(walk_tables, args.new_tokens))
         if "writers" in parts:
-            with server(tmp, args.n_ctx) as (_, client):
+            with server(tmp, args.model, args.n_ctx) as (_, client):
                 turns = writers(client, args.writers, args.writer_words, args.new_tokens)
             printers.append(lambda: print_writers(turns, args.writer_words, args.new_tokens))
         if "tax" in parts:
-            with server(tmp, args.n_ctx) as (running, client):
+            with server(tmp, args.model, args.n_ctx) as (running, client):
                 stories = [int(x) for x in args.tax_stories.split(",")]
                 tax = cache_tax(running, client, stories, args.tax_repeat)
             printers.append(lambda: print_tax(tax))

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +34,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama_srb.api.choices import gather
-from llama_srb.api.native_format import NativeCall, NativeOptions
-from llama_srb.api.prompts import Prompt
-from llama_srb.api.protocol import Completion, CompletionChoice, CompletionRequest
-from llama_srb.api.routes.completions import completion_choices
-from llama_srb.api.sse import CompletionStream
+from llama_srb.api.input.prompts import Prompt
+from llama_srb.api.render.choices import gather
+from llama_srb.api.render.completions import CompletionStream, completion_choices
+from llama_srb.api.render.native import NativeCall, NativeOptions
+from llama_srb.api.schemas.completions import Completion, CompletionChoice, CompletionRequest
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.sequence import FinishReason
 from llama_srb.sampling.params import SamplingParams
@@ -126,6 +125,16 @@ def end_to_end(server: RunningServer, text: str, n: int, args: argparse.Namespac
 # -- the API layer alone ---------------------------------------------------------------------
 
 
+class WordVocab:
+    """Every token spells " word" (as native.Model's piece and text would)."""
+
+    def piece(self, token: int) -> bytes:
+        return b" word"
+
+    def text(self, tokens: Sequence[int]) -> str:
+        return " word" * len(tokens)
+
+
 def made_up_outputs(n: int, steps: int) -> list[RequestOutput]:
     """What the engine hands one request with n branches: one token per branch per step."""
     outputs = []
@@ -164,7 +173,7 @@ def api_costs(n: int, steps: int, repeat: int) -> dict[str, float]:
 
     async def native_stream(outputs: list[RequestOutput]) -> None:
         options = NativeOptions("m", n, stream=True)
-        call = NativeCall(options, SamplingParams(), prompts, lambda t: b" word")
+        call = NativeCall(options, SamplingParams(), prompts, WordVocab())
         await _drain(call.events(_feed(outputs)))
 
     runs: dict[str, Callable[[list[RequestOutput]], Coroutine[None, None, None]]] = dict(

@@ -256,6 +256,29 @@ def idle_gauges(server: RunningServer) -> dict[str, float]:
         time.sleep(0.05)
 
 
+def where_requests_waited(server: RunningServer) -> str:
+    """The server's own account: admission waits, and what the queue's head lacked."""
+    sample = server.metrics()
+    prefix = "llama_srb_queue_wait_seconds"
+    count = sample.get(f"{prefix}_count", 0.0)
+    buckets = sorted(
+        (float(name.split('le="')[1].rstrip('"}')), n)
+        for name, n in sample.items()
+        if name.startswith(f"{prefix}_bucket") and "+Inf" not in name
+    )
+    median = next((bound for bound, n in buckets if n >= count / 2), float("inf"))
+    mean = sample.get(f"{prefix}_sum", 0.0) / max(count, 1)
+    short = {
+        lacking: int(sample.get(f'llama_srb_admission_short_steps_total{{lacking="{lacking}"}}', 0))
+        for lacking in ("sequences", "cells")
+    }
+    steps = int(sample.get("llama_srb_decode_steps_total", 0))
+    return (
+        f"admission wait mean {mean * 1000:.0f} ms, median <= {median * 1000:.0f} ms;"
+        f" of {steps} steps, the queue's head was short of {short}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200)
@@ -284,7 +307,10 @@ def main() -> None:
         print(f"server        llama-srb serve {args.server_args}")
         report = asyncio.run(drive(url, plans, args.concurrency))
         left_running = {k: v for s in servers for k, v in idle_gauges(s).items() if v}
+        waits = [where_requests_waited(s) for s in servers]
     report.print(plans, command, left_running)
+    for wait in waits:
+        print(f"server side   {wait}")
     failed = any(r.outcome in ("error", "lost") for r in report.results)
     sys.exit(1 if failed or any(left_running.values()) else 0)
 

@@ -95,6 +95,14 @@ class Settings(BaseSettings):
     n_batch: int = Field(
         512, ge=32, le=8192, description="tokens per llama_decode call (decode + prefill chunk)"
     )
+    step_budget: float = Field(
+        0.15,
+        ge=0,
+        le=10,
+        description="seconds a decode step may take while streams are running: the prompt"
+        " chunk beside them is sized to it from the measured prefill rate, so a long prompt"
+        " never freezes them (0: no limit, every chunk fills the batch)",
+    )
     threads: int | None = Field(
         None, ge=1, le=512, description="CPU threads for decoding (default: all cores)"
     )

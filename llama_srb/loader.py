@@ -142,7 +142,7 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
     log.info("loading %s", path)
     model = Model(path, model_options(settings))
     context = open_context(model, settings)
-    engine = Engine(model, context, kv_budget(settings, context.n_ctx))
+    engine = Engine(model, context, kv_budget(settings, context.n_ctx), settings.step_budget)
     runtime = Runtime(engine, on_death)
     runtime.start()
     log.info("ready: n_ctx=%d, max_sequences=%d", context.n_ctx, settings.max_sequences)

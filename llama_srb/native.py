@@ -106,6 +106,15 @@ class DecodeError(NativeError):
         self.code = code
 
 
+def vocab_error(tokens: Sequence[int], n_vocab: int) -> str | None:
+    """Why `tokens` may not reach llama.cpp (which aborts the process on an id out of
+    range), or None when every id is in the vocabulary."""
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+    if bad is None:
+        return None
+    return f"token id {bad} is not in the vocabulary [0, {n_vocab})"
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     n_gpu_layers: int = -1
@@ -233,12 +242,7 @@ class Model:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 
     def vocab_error(self, tokens: Sequence[int]) -> str | None:
-        """Why `tokens` may not reach llama.cpp (which aborts the process on an id out of
-        range), or None when every id is in the vocabulary."""
-        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
-        if bad is None:
-            return None
-        return f"token id {bad} is not in the vocabulary [0, {self.n_vocab})"
+        return vocab_error(tokens, self.n_vocab)
 
     def special_piece(self, token: int) -> bytes:
         """A token's bytes with special tokens spelled out (`<bos>`, where `piece` gives

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,12 @@ class RunningServer:
     @property
     def api_url(self) -> str:
         return f"{self.base_url}/v1"
+
+    @cached_property
+    def model_id(self) -> str:
+        """The id the server serves its model under (`/v1/models`), as clients read it."""
+        models = httpx.get(f"{self.api_url}/models", timeout=10).json()
+        return str(models["data"][0]["id"])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

@@ -16,18 +16,19 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from llama_srb.api.body import document_bodies
-from llama_srb.api.chat_protocol import ChatRequest
 from llama_srb.api.errors import install_error_handlers
+from llama_srb.api.input.body import document_bodies
 from llama_srb.api.metrics import EngineCollector
 from llama_srb.api.middleware import install_middleware
-from llama_srb.api.native_protocol import NativeCompletionRequest
-from llama_srb.api.protocol import CompletionRequest
 from llama_srb.api.routes.chat import chat_router
 from llama_srb.api.routes.completions import completions_router
 from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest, dialects_router
+from llama_srb.api.routes.models import models_router
 from llama_srb.api.routes.native import native_router
 from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest, tokenize_router
+from llama_srb.api.schemas.chat import ChatRequest
+from llama_srb.api.schemas.completions import CompletionRequest
+from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
 
@@ -74,6 +75,7 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")
+    v1.include_router(models_router(state))
     v1.include_router(completions_router(state))
     v1.include_router(chat_router(state))
     v1.include_router(tokenize_router(state))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -52,10 +51,6 @@ def error_body(
 def error_response(exc: APIError) -> JSONResponse:
     body = error_body(exc.status, exc.message, exc.param, exc.code)
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
-
-
-def sse_error(message: str, status: int = 500, code: str | None = None) -> str:
-    return f"data: {json.dumps(error_body(status, message, code=code))}\n\n"
 
 
 def interrupted_error(exc: Interrupted) -> APIError:

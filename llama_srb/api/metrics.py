@@ -90,6 +90,24 @@ class EngineCollector(Collector):
             "Duration of each llama_decode call (one engine step)",
             stats.decode_step_seconds,
         )
+        yield _histogram(
+            "llama_srb_token_gap_seconds",
+            "Per stream, the time between two consecutive outputs with tokens",
+            stats.token_gap_seconds,
+        )
+        yield _histogram(
+            "llama_srb_queue_wait_seconds",
+            "From a request's arrival to its admission (sequence ids and KV cells granted)",
+            stats.queue_wait_seconds,
+        )
+        short = CounterMetricFamily(
+            "llama_srb_admission_short_steps",
+            "Steps in which the request at the head of the queue waited, by what it lacked",
+            labels=["lacking"],
+        )
+        short.add_metric(["sequences"], stats.steps_short_of_sequences)
+        short.add_metric(["cells"], stats.steps_short_of_cells)
+        yield short
         yield CounterMetricFamily("llama_srb_decode_steps", "llama_decode calls", value=stats.steps)
         yield CounterMetricFamily(
             "llama_srb_decode_seconds", "Time spent in llama_decode", value=stats.decode_seconds

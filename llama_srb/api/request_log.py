@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llama_srb.api.metrics import ServerMetrics
-from llama_srb.engine.generation import Generation, Interrupted, RequestTimedOut
+from llama_srb.engine.generation import Interrupted, RequestTimedOut
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request
 from llama_srb.native import Model
@@ -63,29 +63,35 @@ class RequestRecord:
 
 
 class RequestLog:
-    def __init__(self, metrics: ServerMetrics, model: Model, log_prompts: bool) -> None:
+    """The records of one call's engine requests (one per prompt), fed as outputs pass:
+    each request's line is logged, and its latency observed, once it ends."""
+
+    def __init__(
+        self, metrics: ServerMetrics, model: Model, log_prompts: bool, requests: Sequence[Request]
+    ) -> None:
         self.metrics = metrics
         self.model = model
         self.log_prompts = log_prompts
+        self.records = [RequestRecord(request) for request in requests]
 
-    async def track(self, generation: Generation) -> AsyncIterator[RequestOutput]:
-        """Pass a request's outputs through, recording how it went; ends on the final
-        output (consumers may stop reading there) or on whatever stopped it early."""
-        record = RequestRecord(generation.request)
-        try:
-            async for output in generation:
-                if not record.reasons:  # the first output carries the first tokens
-                    self._first_token(record.request)
-                record.observe(output)
-                if output.finished:
-                    self._end(record)
-                yield output
-        except Interrupted as exc:
-            record.outcome = "timeout" if isinstance(exc, RequestTimedOut) else "shutdown"
-            record.error = str(exc)
-            raise
-        finally:
-            generation.close()
+    def observe(self, position: int, output: RequestOutput) -> None:
+        record = self.records[position]
+        if not record.reasons:  # the first output carries the first tokens
+            self._first_token(record.request)
+        record.observe(output)
+        if output.finished:
+            self._end(record)
+
+    def interrupted(self, exc: Interrupted) -> None:
+        """The runtime ended the call (timeout, shutdown): so ended every unfinished request."""
+        for record in self.records:
+            if not record.ended:
+                record.outcome = "timeout" if isinstance(exc, RequestTimedOut) else "shutdown"
+                record.error = str(exc)
+
+    def close(self) -> None:
+        """The call is over: what has not ended yet was cancelled (or interrupted)."""
+        for record in self.records:
             self._end(record)
 
     def _first_token(self, request: Request) -> None:
@@ -99,8 +105,5 @@ class RequestLog:
         request = record.request
         self.metrics.request_duration.observe(time.monotonic() - request.arrival)
         self.metrics.requests_ended.labels(record.outcome).inc()
-        prompt = self._detokenize(request.prompt) if self.log_prompts else None
+        prompt = self.model.text(request.prompt) if self.log_prompts else None
         log.info("%s", record.line(prompt))
-
-    def _detokenize(self, tokens: list[int]) -> str:
-        return self.model.text(tokens)

@@ -7,6 +7,7 @@ produced; the runtime delivers them to their readers.
 
 from __future__ import annotations
 
+import enum
 import logging
 import random
 import time
@@ -14,21 +15,34 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+import numpy.typing as npt
 
+from llama_srb.engine.best_of import BestOf
 from llama_srb.engine.context import DecodeContext, Vocabulary
-from llama_srb.engine.histogram import Histogram
+from llama_srb.engine.histogram import GAP_BUCKETS, WAIT_BUCKETS, Histogram
 from llama_srb.engine.kv import KvBudget, KvOp
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
 from llama_srb.native import Batch, DecodeError, Model
-from llama_srb.sampling.chain import build_chains
+from llama_srb.sampling.banned import Bans
+from llama_srb.sampling.branch import build_samplers
 from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
 from llama_srb.sampling.logprobs import RowScores, score_token
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
 
 log = logging.getLogger(__name__)
+
+
+class Rewind(enum.Enum):
+    """What a branch does after a banned phrase took it back (Engine._rewind)."""
+
+    NOW = "now"  # draw again from this step's row
+    FIRST = "first"  # back to its start: draw again from the prompt's last row, kept
+    LATER = "later"  # its last kept token is decoded again first
+    END = "end"  # a bound was reached: it ends before the phrase
 
 
 @dataclass
@@ -41,6 +55,22 @@ class EngineStats:
     decode_seconds: float = 0.0
     prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
     decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
+    # Per stream: from one output with tokens to its next (what a reader feels as a stall).
+    token_gap_seconds: Histogram = field(default_factory=lambda: Histogram(GAP_BUCKETS))
+    # From arrival to admission (a seq id and cells granted), per request.
+    queue_wait_seconds: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
+    # Steps whose head-of-queue request waited, by what it lacked.
+    steps_short_of_sequences: int = 0
+    steps_short_of_cells: int = 0
+
+    def copy(self) -> EngineStats:
+        """A copy whose histograms the engine thread will not change."""
+        return replace(
+            self,
+            decode_step_seconds=self.decode_step_seconds.copy(),
+            token_gap_seconds=self.token_gap_seconds.copy(),
+            queue_wait_seconds=self.queue_wait_seconds.copy(),
+        )
 
 
 @dataclass(frozen=True)
@@ -60,21 +90,27 @@ class EngineSnapshot:
 
 
 class Engine:
-    def __init__(self, model: Vocabulary, ctx: DecodeContext, budget: KvBudget) -> None:
+    def __init__(
+        self, model: Vocabulary, ctx: DecodeContext, budget: KvBudget, step_budget: float = 0.0
+    ) -> None:
+        """`step_budget`: seconds a step may take while streams decode (0: no limit)."""
         self.model = model
         self.ctx = ctx
-        self.scheduler = Scheduler(budget, ctx.n_batch)
+        self.pacer = StepPacer(step_budget)
+        self.scheduler = Scheduler(budget, ctx.n_batch, self.pacer)
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
         self._eog = np.array(model.eog_tokens, dtype=np.int64)
         self._eog_set = frozenset(model.eog_tokens)  # per-token check without a C call
+        self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
     def close(self) -> None:
         self.batch.close()
 
     def warm_up(self) -> None:
-        self.ctx.warm_up(self.model.bos)
+        # Any valid token serves; a model without a BOS token reports -1, which would abort.
+        self.ctx.warm_up(self.model.bos if self.model.bos >= 0 else 0)
 
     @property
     def has_work(self) -> bool:
@@ -110,6 +146,7 @@ class Engine:
         """Run one decode step and return the outputs it produced (often none: a step
         that only prefills, or one with nothing to do)."""
         plan = self.scheduler.schedule()
+        self._observe_admission(plan)
         self._apply(plan.kv_ops)
         outputs: list[RequestOutput] = []
         if not plan.empty:
@@ -120,6 +157,7 @@ class Engine:
                 ops = self.scheduler.postprocess(sampled)
                 outputs = [self._output(request, choices) for request, choices in sampled]
                 self._apply(ops)
+                self._observe_gaps(outputs)
             except DecodeError as exc:  # this batch failed: its requests end, others go on
                 outputs = self.fail(plan.requests, str(exc))
             except Exception as exc:  # keep serving: fail what was in flight, not the server
@@ -132,7 +170,7 @@ class Engine:
         """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
         scheduler, budget = self.scheduler, self.scheduler.budget
         self.snapshot = EngineSnapshot(
-            stats=replace(self.stats, decode_step_seconds=self.stats.decode_step_seconds.copy()),
+            stats=self.stats.copy(),
             requests_running=len(scheduler.running),
             requests_waiting=len(scheduler.waiting),
             sequences_running=budget.live,
@@ -164,7 +202,30 @@ class Engine:
         self.stats.decode_seconds += elapsed
         self.stats.decode_step_seconds.observe(elapsed)
         self.stats.steps += 1
-        self.stats.prompt_tokens_evaluated += plan.n_tokens - len(plan.decode)
+        n_prefill = plan.n_tokens - len(plan.decode)
+        self.stats.prompt_tokens_evaluated += n_prefill
+        self.pacer.observe(len(plan.decode), n_prefill, elapsed)
+
+    def _observe_admission(self, plan: StepPlan) -> None:
+        now = time.monotonic()
+        for request in plan.admitted:
+            self.stats.queue_wait_seconds.observe(now - request.arrival)
+        if plan.blocked == "sequences":
+            self.stats.steps_short_of_sequences += 1
+        elif plan.blocked == "cells":
+            self.stats.steps_short_of_cells += 1
+
+    def _observe_gaps(self, outputs: list[RequestOutput]) -> None:
+        """Time between consecutive outputs with tokens, per request: its stream's gaps."""
+        now = time.monotonic()
+        for output in outputs:
+            if any(c.token_ids for c in output.choices):
+                last = self._last_output_at.get(output.request_id)
+                if last is not None:
+                    self.stats.token_gap_seconds.observe(now - last)
+                self._last_output_at[output.request_id] = now
+            if output.finished:
+                self._last_output_at.pop(output.request_id, None)
 
     def _sample(self, plan: StepPlan) -> list[tuple[Request, list[ChoiceDelta]]]:
         """Every branch with logits this step samples its next token; per request, in
@@ -181,9 +242,13 @@ class Engine:
             if chunk.completes_prompt:  # forked: every branch samples from the last row
                 self.stats.prompt_tokens_cached += request.n_cached
                 out = deltas(request)
+                # distinct_openings: each branch's first token is one no earlier one drew
+                taken: set[int] | None = set() if request.params.distinct_openings else None
+                if request.params.banned_strings:  # kept for rewinds to a branch's start
+                    request.first_row = self.ctx.logits(request.batch_index).copy()
                 for seq in request.sequences:
                     seq.batch_index = request.batch_index
-                    out.append(self._sample_branch(request, seq))
+                    out.append(self._sample_branch(request, seq, taken))
         for request, seq in plan.decode:
             deltas(request).append(self._sample_branch(request, seq))
         return list(sampled.values())
@@ -201,50 +266,151 @@ class Engine:
             row = self.ctx.logits(first + pos - 1 - chunk.start)
             scores.append(score_token(row, request.prompt[pos], k))
 
-    def _sample_branch(self, request: Request, seq: Sequence) -> ChoiceDelta:
-        """The branch's delta for this step, with its token's logprob when asked for."""
-        k = request.params.logprobs
-        if k is None:  # the common case: no numpy over the logits row
-            return self._next_delta(request, seq)
+    def _sample_branch(
+        self, request: Request, seq: Sequence, taken: set[int] | None = None
+    ) -> ChoiceDelta:
+        """The branch's delta for this step, with its tokens' logprobs when asked for."""
+        if not request.scores_tokens:  # the common case: no numpy over the logits row
+            return self._next_delta(request, seq, None, taken)
         # Read before _next_delta masks the row: logprobs are of the model's distribution.
-        scores = RowScores(self.ctx.logits(seq.batch_index), k)
-        delta = self._next_delta(request, seq)
-        if delta.token_ids:
-            delta.logprobs = [scores.entry(delta.token_ids[-1])]
-        return delta
+        scores = RowScores(self.ctx.logits(seq.batch_index), request.params.logprobs or 0)
+        return self._next_delta(request, seq, scores, taken)
 
-    def _next_delta(self, request: Request, seq: Sequence) -> ChoiceDelta:
+    def _next_delta(
+        self, request: Request, seq: Sequence, scores: RowScores | None, taken: set[int] | None
+    ) -> ChoiceDelta:
         """Sample the next token and turn it into text; a finish reason when the branch
-        ends here (the scheduler then releases it)."""
+        ends here (the scheduler then releases it). A token that began a banned phrase
+        is taken back (`_rewind`), and drawn again from the same row when it can be."""
         params = request.params
+        assert seq.sampler is not None and seq.decoder is not None
+        released = seq.decoder.released
         if params.max_tokens == 0:
-            return self._last_delta(seq, FinishReason.LENGTH)
+            return self._last_delta(request, seq, released, FinishReason.LENGTH)
         if params.ignore_eos or len(seq.tokens) < params.min_tokens:
             self.ctx.logits(seq.batch_index)[self._eog] = -np.inf
-        assert seq.sampler is not None and seq.decoder is not None
-        token = seq.sampler.sample(self.ctx.ptr, seq.batch_index)
-        if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
-            return self._last_delta(seq, FinishReason.STOP)
-        self.stats.generated_tokens += 1
-        if token in self._eog_set:
-            return self._last_delta(seq, FinishReason.STOP)
-        seq.tokens.append(token)
-        text = seq.decoder.push(token, check_stops=len(seq.tokens) > params.min_tokens)
+        row = None  # this step's row; after a rewind to the start, the prompt's last one
+        while True:
+            token = self._pick(seq, taken, row)
+            if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
+                return self._last_delta(request, seq, released, FinishReason.STOP)
+            self.stats.generated_tokens += 1
+            if token in self._eog_set:
+                return self._last_delta(request, seq, released, FinishReason.STOP)
+            seq.tokens.append(token)
+            if scores is not None:
+                seq.scores.append(scores.entry(token))
+            text = seq.decoder.push(token, check_stops=len(seq.tokens) > params.min_tokens)
+            if seq.decoder.banned_at is None:
+                break
+            rewind = self._rewind(request, seq)
+            if rewind is Rewind.END:
+                return self._last_delta(request, seq, released, FinishReason.STOP)
+            if rewind is Rewind.LATER:
+                return ChoiceDelta(seq.index)
+            if rewind is Rewind.FIRST:
+                row, scores = self._first_row(request, scores is not None)
         if seq.decoder.stopped:
-            return self._last_delta(seq, FinishReason.STOP, text, token)
+            return self._last_delta(request, seq, released, FinishReason.STOP, text, 1)
         if len(seq.tokens) >= params.max_tokens:
-            return self._last_delta(seq, FinishReason.LENGTH, text, token)
-        return ChoiceDelta(seq.index, text, [token])
+            return self._last_delta(request, seq, released, FinishReason.LENGTH, text, 1)
+        return self._delta(request, seq, released, text, None, 1)
 
-    @staticmethod
-    def _last_delta(
-        seq: Sequence, reason: FinishReason, text: str = "", token: int | None = None
+    def _pick(
+        self, seq: Sequence, taken: set[int] | None, row: npt.NDArray[np.float32] | None
+    ) -> int:
+        """The branch's sampler's token from this step's row (or `row`), never one banned
+        at this position (nor, for a distinct opening, one in `taken`, which it joins)."""
+        assert seq.sampler is not None
+        banned = seq.bans.at(len(seq.tokens)) if seq.bans is not None else None
+        if banned is None and taken is None and row is None:
+            return seq.sampler.sample(self.ctx.ptr, seq.batch_index)
+        own_row = row is not None
+        row = self.ctx.logits(seq.batch_index) if row is None else row
+        saved = row[banned].copy() if banned else None
+        if banned:
+            row[banned] = -np.inf
+        try:
+            if taken is None and not own_row:
+                return seq.sampler.sample(self.ctx.ptr, seq.batch_index)
+            token = seq.sampler.opening(row, set() if taken is None else taken)
+            if taken is not None:
+                taken.add(token)
+            return token
+        finally:
+            if banned:  # the row may be every branch's (the fork step): put it back
+                row[banned] = saved
+
+    def _rewind(self, request: Request, seq: Sequence) -> Rewind:
+        """A banned phrase began in the branch's token k: take the branch back to before
+        it, and ban that token at position k. Its KV cells from there go, its sampler
+        forgets what followed; its text was held back, so no reader saw any of it."""
+        assert seq.bans is not None and seq.decoder is not None and seq.sampler is not None
+        k = seq.decoder.banned_at
+        assert k is not None
+        newest = len(seq.tokens) - 1  # sampled this step: it has no cell yet
+        going = seq.bans.ban(k, seq.tokens[k])
+        seq.decoder.rewind(k)
+        del seq.tokens[k:], seq.scores[k:]
+        if not going:  # bounds reached: the branch ends with the text before the phrase
+            if k < newest:
+                self._apply([KvOp.remove(seq.seq_id, request.prompt_len + k)])
+            return Rewind.END
+        seq.sampler.rewind(seq.tokens)
+        if k == newest:  # this step's row is position k's: draw again from it
+            return Rewind.NOW
+        if k == 0:  # the prompt's last row was kept (request.first_row): draw from it
+            self._apply([KvOp.remove(seq.seq_id, request.prompt_len)])
+            return Rewind.FIRST
+        # Position k's row is gone: the token before it is decoded again next step.
+        self._apply([KvOp.remove(seq.seq_id, request.prompt_len + k - 1)])
+        return Rewind.LATER
+
+    def _first_row(
+        self, request: Request, scored: bool
+    ) -> tuple[npt.NDArray[np.float32], RowScores | None]:
+        """A copy of the prompt's last row to sample a branch's first token from again,
+        masked as the fork step masked it; and its scores, when the request wants them."""
+        assert request.first_row is not None
+        row = request.first_row.copy()
+        scores = RowScores(row, request.params.logprobs or 0) if scored else None
+        if request.params.ignore_eos or request.params.min_tokens > 0:
+            row[self._eog] = -np.inf
+        return row, scores
+
+    def _delta(
+        self,
+        request: Request,
+        seq: Sequence,
+        released: int,
+        text: str,
+        reason: FinishReason | None = None,
+        undecoded: int = 0,
     ) -> ChoiceDelta:
-        """A branch's last delta, with the text it held back for a stop string that
-        never came."""
-        if seq.decoder is not None:
-            text += seq.decoder.flush()
-        return ChoiceDelta(seq.index, text, [] if token is None else [token], reason)
+        """The branch's delta: the tokens its text stream let out since `released` (the
+        count before this step), with their logprobs when the request asked."""
+        assert seq.decoder is not None
+        end = seq.decoder.released
+        tokens = seq.tokens[released:end]
+        logprobs = (
+            seq.scores[released:end] if tokens and request.params.logprobs is not None else None
+        )
+        return ChoiceDelta(seq.index, text, tokens, reason, logprobs, undecoded)
+
+    def _last_delta(
+        self,
+        request: Request,
+        seq: Sequence,
+        released: int,
+        reason: FinishReason,
+        text: str = "",
+        undecoded: int = 0,
+    ) -> ChoiceDelta:
+        """A branch's last delta, with the text it held back for a stop string or a
+        banned phrase that never came."""
+        assert seq.decoder is not None
+        text += seq.decoder.flush()
+        return self._delta(request, seq, released, text, reason, undecoded)
 
     # -- outputs -----------------------------------------------------------------------
 
@@ -254,6 +420,7 @@ class Engine:
         """End every branch of each request at once (abort, failure)."""
         outputs = []
         for request in list(requests):
+            self._last_output_at.pop(request.request_id, None)
             choices = [ChoiceDelta(seq.index, "", [], reason) for seq in request.live]
             self._apply(self.scheduler.end_request(request, reason, error))
             outputs.append(self._output(request, choices))
@@ -261,6 +428,8 @@ class Engine:
 
     @staticmethod
     def _output(request: Request, choices: list[ChoiceDelta]) -> RequestOutput:
+        if request.best_of is not None:  # held until it ends, then the best n
+            choices = request.best_of.collect(request, choices)
         return RequestOutput(
             request_id=request.request_id,
             choices=choices,
@@ -292,17 +461,32 @@ def build_request(
     params: SamplingParams,
     n: int,
     prompt_logprobs: bool = False,
+    best_of: int | None = None,
 ) -> Request:
-    """A request with `n` branches, each with its own sampler chain seeded `seed + index`.
+    """A request with `n` branches (`best_of` when given: the `n` best are returned),
+    each with its own sampler chain seeded `seed + index` and its `choices_params` entry.
 
     Safe to call off the engine thread: it only reads the model's vocabulary.
     """
     base_seed = params.seed if params.seed is not None else random.getrandbits(32)
-    samplers = build_chains(model, params, [base_seed + index for index in range(n)])
+    branches = best_of if best_of is not None and best_of > n else n
+    samplers = build_samplers(model, params, [base_seed + index for index in range(branches)])
     sequences = [
-        Sequence(index=index, sampler=sampler, decoder=TextStream(model.piece, params.stop))
+        Sequence(
+            index=index,
+            sampler=sampler,
+            decoder=TextStream(
+                model.piece,
+                params.stop,
+                params.banned_strings,
+                params.banned_strings_case_sensitive,
+            ),
+            bans=Bans() if params.banned_strings else None,
+        )
         for index, sampler in enumerate(samplers)
     ]
     request = Request(request_id, prompt, params, sequences)
     request.prompt_logprobs = prompt_logprobs
+    if branches > n:
+        request.best_of = BestOf(n)
     return request

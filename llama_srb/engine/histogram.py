@@ -12,6 +12,16 @@ STEP_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+# Seconds between two outputs of one stream: a decode step is tens of ms, a stall is more.
+GAP_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+# Seconds a request waits for admission: none at all up to minutes under overload.
+WAIT_BUCKETS: tuple[float, ...] = (
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+)  # fmt: skip
+
+
 @dataclass
 class Histogram:
     """Counts per bucket (the last one is +Inf) and the sum of observed values.

@@ -277,6 +277,12 @@ class KvBudget:
             <= self.n_cells
         )
 
+    def shortage(self, request: Request) -> str:
+        """What keeps a request that `can_admit` refuses waiting: "sequences" or "cells"."""
+        if self.live + request.n > self.max_live:
+            return "sequences"
+        return "cells"
+
     def admit(self, request: Request) -> list[KvOp]:
         """Reserve ids and cells, fork from the best cached path; returns the native ops."""
         assert self.can_admit(request)

@@ -15,6 +15,9 @@ class ChoiceDelta:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked
+    # 1 when the branch's newest token was sampled this step (it has no KV cell yet).
+    # token_ids are the tokens released to the client, which text held back can delay.
+    undecoded: int = 0
 
 
 @dataclass

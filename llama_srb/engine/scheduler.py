@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from llama_srb.engine.kv import MIN_SHARED_TOKENS, KvBudget, KvOp, common_prefix
 from llama_srb.engine.outputs import ChoiceDelta
+from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
 
 PROMPT_LOGPROBS_CHUNK = 64
@@ -40,6 +41,9 @@ class StepPlan:
     kv_ops: list[KvOp] = field(default_factory=list)  # applied before the batch is decoded
     decode: list[tuple[Request, Sequence]] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)  # left the queue this step
+    # Why the request at the head of the queue still waits: "sequences", "cells" or None.
+    blocked: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -57,9 +61,10 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, budget: KvBudget, n_batch: int) -> None:
+    def __init__(self, budget: KvBudget, n_batch: int, pacer: StepPacer | None = None) -> None:
         self.budget = budget
         self.n_batch = n_batch
+        self.pacer = pacer or StepPacer()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admitted: prefilling or decoding, arrival order
 
@@ -84,11 +89,12 @@ class Scheduler:
         return bool(self.running) or bool(self.waiting and self.budget.can_admit(self.waiting[0]))
 
     def schedule(self) -> StepPlan:
-        plan = StepPlan(kv_ops=self._admit())
+        plan = StepPlan()
+        self._admit(plan)
         for request in self.running:
             if request.status is RequestStatus.DECODING:
                 plan.decode.extend((request, seq) for seq in request.live)
-        room = self.n_batch - len(plan.decode)
+        room = self.pacer.prefill_room(len(plan.decode), self.n_batch - len(plan.decode))
         for request in self.running:
             if room <= 0:
                 break
@@ -119,15 +125,16 @@ class Scheduler:
         last = request.prompt_len - 1
         return last if request.n_prefilled < last else request.prompt_len
 
-    def _admit(self) -> list[KvOp]:
+    def _admit(self, plan: StepPlan) -> None:
         # Strict arrival order: a large request at the head is not starved by small ones.
-        ops: list[KvOp] = []
         while self.waiting and self.budget.can_admit(self.waiting[0]):
             request = self.waiting.popleft()
-            ops += self.budget.admit(request)
+            plan.kv_ops += self.budget.admit(request)
+            plan.admitted.append(request)
             request.status = RequestStatus.PREFILLING
             self.running.append(request)
-        return ops
+        if self.waiting:
+            plan.blocked = self.budget.shortage(self.waiting[0])
 
     def _share_live_prefix(self, request: Request, ops: list[KvOp]) -> bool:
         """Fork the longest prompt prefix that an earlier live request already holds.
@@ -182,7 +189,7 @@ class Scheduler:
                     seq = request.sequences[delta.index]
                     # Every token it had before this step is decoded now; the one it
                     # sampled this step (if it kept it) never will be, so has no cell.
-                    held = request.prompt_len + len(seq.tokens) - len(delta.token_ids)
+                    held = request.prompt_len + len(seq.tokens) - delta.undecoded
                     ops += self._end_branch(request, seq, delta.finish_reason, held)
             if not request.live:
                 ops += self._retire(request)

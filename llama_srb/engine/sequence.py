@@ -12,6 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
+from llama_srb.sampling.banned import Bans
 from llama_srb.sampling.logprobs import TokenLogprob
 from llama_srb.sampling.params import SamplingParams
 
@@ -31,17 +35,31 @@ class FinishReason(enum.StrEnum):
 
 
 class Decoder(Protocol):
-    """Turns a sequence's sampled tokens into text (detokenizer + stop strings)."""
+    """Turns a sequence's sampled tokens into text (detokenizer + stop strings + banned
+    phrases: sampling/text.py)."""
 
     def push(self, token: int, check_stops: bool) -> str: ...
     def flush(self) -> str: ...
+    def rewind(self, index: int) -> None: ...
     @property
     def stopped(self) -> bool: ...
+    @property
+    def released(self) -> int: ...
+    @property
+    def banned_at(self) -> int | None: ...
 
 
 class Sampler(Protocol):
     def sample(self, ctx: Any, batch_index: int) -> int: ...
     def close(self) -> None: ...
+    def rewind(self, kept: list[int]) -> None: ...
+    def opening(self, row: Any, taken: set[int]) -> int: ...
+
+
+class Collector(Protocol):
+    """Holds a request's choices until it ends and says which to return (best_of)."""
+
+    def collect(self, request: Request, choices: list[Any]) -> list[Any]: ...
 
 
 @dataclass(eq=False)
@@ -53,6 +71,10 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # generated so far
     finish_reason: FinishReason | None = None
     batch_index: int = -1  # where this step's logits land
+    # The logprob of each token in `tokens`, when the request asks for logprobs or ranks
+    # its branches (best_of); cut back with `tokens` on a rewind.
+    scores: list[TokenLogprob] = field(default_factory=list)
+    bans: Bans | None = None  # with banned strings: the tokens banned at each position
 
     @property
     def finished(self) -> bool:
@@ -81,6 +103,16 @@ class Request:
     # computed here (a prefix shared from another sequence would have none).
     prompt_logprobs: bool = False
     prompt_scores: list[TokenLogprob | None] = field(default_factory=list)
+    # With banned strings: the logits of the prompt's last token, for a branch rewound to
+    # its first token (its row is gone once the branches have decoded past it).
+    first_row: npt.NDArray[np.float32] | None = None
+    # best_of: decodes every sequence, returns the best n when it ends (engine/best_of.py).
+    best_of: Collector | None = None
+
+    @property
+    def scores_tokens(self) -> bool:
+        """Whether each sampled token's logprob is computed (a numpy pass over its row)."""
+        return self.params.logprobs is not None or self.best_of is not None
 
     @property
     def n(self) -> int:

@@ -50,6 +50,20 @@ def build_chains(
     return chains
 
 
+def history_samplers(model: Model, p: SamplingParams) -> tuple[tuple[int, int], ...]:
+    """The samplers of a chain that remember the tokens it accepted (penalties, DRY), as
+    (position in the chain, how many of the latest tokens they remember): what a rewind
+    restores (sampling/branch.py). Positions follow `_unseeded_samplers`'s order."""
+    out, position = [], 1 if p.logit_bias else 0
+    if p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+        out.append((position, model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n))
+        position += 1
+    if p.dry_multiplier > 0.0:
+        last_n = model.n_ctx_train if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n
+        out.append((position, last_n))
+    return tuple(out)
+
+
 def _unseeded_samplers(model: Model, p: SamplingParams) -> list[C.llama_sampler_p]:
     """The chain up to its first seeded sampler, in llama.cpp's order."""
     out: list[C.llama_sampler_p] = []

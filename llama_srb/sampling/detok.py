@@ -20,5 +20,12 @@ class IncrementalDetokenizer:
         """Text completed by this token (may be empty while a character is incomplete)."""
         return self._decoder.decode(self._piece(token))
 
+    def state(self) -> object:
+        """The bytes of an incomplete character held, for `restore` (a rewind)."""
+        return self._decoder.getstate()
+
+    def restore(self, state: object) -> None:
+        self._decoder.setstate(state)  # type: ignore[arg-type]
+
     def flush(self) -> str:
         return self._decoder.decode(b"", final=True)

@@ -21,7 +21,8 @@ from llama_srb.native import Model, NativeError, SamplerChain, captured_stderr
 from llama_srb.sampling.params import ParamError
 
 # llama_token_data: {int32 id; float logit; float p}, 12 bytes, no padding.
-_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+_TOKEN_DATA = TOKEN_DATA  # the name bench/grammar_stack.py imports
 
 
 # What a grammar may be. llama.cpp parses GBNF and advances a grammar's stacks by recursion,
@@ -132,7 +133,7 @@ def _grammar_error(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=4)
-def _token_ids(n_vocab: int) -> npt.NDArray[np.int32]:
+def token_ids(n_vocab: int) -> npt.NDArray[np.int32]:
     return np.arange(n_vocab, dtype=np.int32)
 
 
@@ -150,7 +151,10 @@ class ConstrainedChain:
         end). Only a token the grammar allows is ever accepted: llama.cpp aborts the
         process on any other."""
         ptr = C.llama_get_logits_ith(ctx, batch_index)
-        logits = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return self.sample_row(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
+
+    def sample_row(self, logits: npt.NDArray[np.float32]) -> int:
+        """`sample` over a logits row given as an array (a masked copy, for instance)."""
         token = self._pick(logits, None, constrained=False)
         if not self._allows(token, float(logits[token])):
             token = self._pick_allowed(logits)
@@ -180,8 +184,8 @@ class ConstrainedChain:
     ) -> int:
         """Apply the grammar (if `constrained`) and the chain to the candidates `ids`
         (None: the whole vocabulary) and return the chain's pick."""
-        data = np.empty(self.n_vocab if ids is None else len(ids), _TOKEN_DATA)
-        data["id"] = _token_ids(self.n_vocab) if ids is None else ids
+        data = np.empty(self.n_vocab if ids is None else len(ids), TOKEN_DATA)
+        data["id"] = token_ids(self.n_vocab) if ids is None else ids
         data["logit"] = logits if ids is None else logits[ids]
         data["p"] = 0.0
         array = C.llama_token_data_array(

@@ -6,7 +6,9 @@ Defaults follow llama.cpp's server (what users of local models expect), not Open
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
@@ -17,6 +19,40 @@ MAX_STOP_CHARS = 512
 MAX_DRY_BREAKERS = 16  # DRY's setup scans the vocabulary once per breaker
 MAX_DRY_BREAKER_CHARS = 64
 INT32_MAX = 2**31 - 1  # the C type of every integer parameter but the seed
+# Banned phrases are looked for in every branch's held-back text on each token.
+MAX_BANNED_STRINGS = 128
+MAX_BANNED_CHARS = 256
+
+# What `choices_params` may set per branch: the sampler chain's own settings. Lengths,
+# stops, grammar, seed and logprobs stay request-wide (they size the KV reservation, shape
+# the response, or are derived per branch already: seed + index).
+BRANCH_FIELDS = frozenset(
+    {
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "typical_p",
+        "repeat_penalty",
+        "repeat_last_n",
+        "frequency_penalty",
+        "presence_penalty",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "xtc_probability",
+        "xtc_threshold",
+        "top_n_sigma",
+        "mirostat",
+        "mirostat_tau",
+        "mirostat_eta",
+        "dynatemp_range",
+        "dynatemp_exponent",
+    }
+)
+Overrides = tuple[tuple[str, Any], ...]  # one branch's (field, value) pairs, sorted
 
 
 class ParamError(ValueError):
@@ -59,8 +95,18 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None
     logprobs: int | None = None  # top alternatives per token; None: not computed at all
+    # Choosing between branches (sampling/banned.py, sampling/branch.py): phrases no branch
+    # may produce, first tokens all different, and per-branch sampler overrides.
+    banned_strings: tuple[str, ...] = ()
+    banned_strings_case_sensitive: bool = False
+    distinct_openings: bool = False
+    choices_params: tuple[Overrides, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.choices_params, tuple) or any(
+            isinstance(entry, Mapping) for entry in self.choices_params
+        ):
+            object.__setattr__(self, "choices_params", parse_choices_params(self.choices_params))
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -101,6 +147,20 @@ class SamplingParams:
             MAX_DRY_BREAKERS,
             MAX_DRY_BREAKER_CHARS,
         )
+        _check_strings("banned_strings", self.banned_strings, MAX_BANNED_STRINGS, MAX_BANNED_CHARS)
+        for i in range(len(self.choices_params)):
+            self.for_branch(i)  # each entry is checked as a request's own fields are
+
+    def for_branch(self, index: int) -> SamplingParams:
+        """Branch `index`'s parameters: the request's, with its `choices_params` entry."""
+        if index >= len(self.choices_params) or not self.choices_params[index]:
+            return self
+        try:
+            return replace(self, choices_params=(), **dict(self.choices_params[index]))
+        except ParamError as exc:
+            raise ParamError(
+                f"choices_params[{index}].{exc.param}", f"choices_params[{index}]: {exc}"
+            ) from None
 
     def check_model_limits(self, n_vocab: int, n_ctx: int) -> None:
         """Bounds that depend on the model and context: a top_k beyond the vocabulary or
@@ -110,6 +170,17 @@ class SamplingParams:
         _check_range("dry_penalty_last_n", self.dry_penalty_last_n, -1, n_ctx)
         _check_range("dry_allowed_length", self.dry_allowed_length, 0, n_ctx)
         _check_range("min_tokens", self.min_tokens, 0, n_ctx)
+        for i, entry in enumerate(self.choices_params):
+            if not entry:  # the request's own settings, checked above
+                continue
+            try:
+                self.for_branch(i).check_model_limits(n_vocab, n_ctx)
+            except ParamError as exc:
+                if exc.param.startswith("choices_params"):
+                    raise
+                raise ParamError(
+                    f"choices_params[{i}].{exc.param}", f"choices_params[{i}]: {exc}"
+                ) from None
 
     @property
     def greedy(self) -> bool:
@@ -130,3 +201,48 @@ def _check_strings(name: str, values: tuple[str, ...], most: int, longest: int) 
             raise ParamError(name, f"{name} strings must not be empty")
         if len(value) > longest:
             raise ParamError(name, f"{name} strings must be at most {longest} characters")
+
+
+_FIELD_TYPES = {f.name: f.type for f in fields(SamplingParams)}
+MAX_CHOICES_PARAMS = 256  # never more than the branches a request may have
+
+
+def parse_choices_params(entries: object) -> tuple[Overrides, ...]:
+    """`choices_params` as the client sent it (a list of objects) → per-branch overrides,
+    each value checked for its type here and for its range by `for_branch`."""
+    if not isinstance(entries, list | tuple):
+        raise ParamError("choices_params", "choices_params must be a list of objects")
+    if len(entries) > MAX_CHOICES_PARAMS:
+        raise ParamError("choices_params", f"at most {MAX_CHOICES_PARAMS} choices_params entries")
+    parsed = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, tuple):
+            entry = dict(entry)
+        if not isinstance(entry, Mapping):
+            raise ParamError(f"choices_params[{i}]", f"choices_params[{i}] must be an object")
+        pairs = []
+        for key, value in entry.items():
+            name = f"choices_params[{i}].{key}"
+            if key not in BRANCH_FIELDS:
+                allowed = ", ".join(sorted(BRANCH_FIELDS))
+                raise ParamError(name, f"{name} cannot be set per branch; allowed: {allowed}")
+            pairs.append((key, _typed(name, _FIELD_TYPES[key], value)))
+        parsed.append(tuple(sorted(pairs)))
+    return tuple(parsed)
+
+
+def _typed(name: str, kind: object, value: object) -> object:
+    """A JSON value as the field's type (numbers as float or int, breakers as strings)."""
+    if kind == "float":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        raise ParamError(name, f"{name} must be a number, got {value!r}")
+    if kind == "int":
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ParamError(name, f"{name} must be an integer, got {value!r}")
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise ParamError(name, f"{name} must be a list of strings, got {value!r}")

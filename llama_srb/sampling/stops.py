@@ -46,16 +46,20 @@ class StopMatcher:
         return min(positions) if positions else None
 
     def _partial_suffix(self, buffer: str) -> int:
-        """Length of the longest suffix of `buffer` that is a proper prefix of a stop.
-        Only positions holding a stop's first character can start one: `find` jumps
-        between them in C, so long stop strings cost little per token."""
-        longest = 0
-        for stop in self.stops:
-            start = max(0, len(buffer) - len(stop) + 1)
-            i = buffer.find(stop[0], start)
-            while i >= 0 and len(buffer) - i > longest:
-                if stop.startswith(buffer[i:]):
-                    longest = len(buffer) - i  # the earliest match is this stop's longest
-                    break
-                i = buffer.find(stop[0], i + 1)
-        return longest
+        return partial_suffix(buffer, self.stops)
+
+
+def partial_suffix(buffer: str, phrases: Sequence[str]) -> int:
+    """Length of the longest suffix of `buffer` that is a proper prefix of a phrase.
+    Only positions holding a phrase's first character can start one: `find` jumps
+    between them in C, so long phrases cost little per token."""
+    longest = 0
+    for phrase in phrases:
+        start = max(0, len(buffer) - len(phrase) + 1)
+        i = buffer.find(phrase[0], start)
+        while i >= 0 and len(buffer) - i > longest:
+            if phrase.startswith(buffer[i:]):
+                longest = len(buffer) - i  # the earliest match is this phrase's longest
+                break
+            i = buffer.find(phrase[0], i + 1)
+    return longest

@@ -1,25 +1,59 @@
-"""A branch's text stream: tokens in, safe text out (UTF-8 complete, stop strings held)."""
+"""A branch's text stream: tokens in, safe text out (UTF-8 complete, stop strings held,
+and with banned phrases, text that could begin one held too)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from llama_srb.sampling.banned import PhraseGuard
 from llama_srb.sampling.detok import IncrementalDetokenizer
 from llama_srb.sampling.stops import StopMatcher
 
 
 class TextStream:
-    def __init__(self, piece: Callable[[int], bytes], stops: Sequence[str]) -> None:
+    def __init__(
+        self,
+        piece: Callable[[int], bytes],
+        stops: Sequence[str],
+        banned: Sequence[str] = (),
+        case_sensitive: bool = False,
+    ) -> None:
         self._detok = IncrementalDetokenizer(piece)
         self._stops = StopMatcher(stops)
+        self._guard = PhraseGuard(banned, case_sensitive) if banned else None
+        self._pushed = 0
 
     @property
     def stopped(self) -> bool:
         """A stop string appeared: the branch must end, its text is complete."""
         return self._stops.stopped
 
+    @property
+    def released(self) -> int:
+        """Tokens whose text has gone out (the rest may still be taken back)."""
+        return self._pushed if self._guard is None else self._guard.released
+
+    @property
+    def banned_at(self) -> int | None:
+        """After a push: the index of the token a banned phrase began in, or None."""
+        return None if self._guard is None else self._guard.banned_at
+
     def push(self, token: int, check_stops: bool) -> str:
-        return self._stops.push(self._detok.push(token), check_stops)
+        guard = self._guard
+        if guard is None:
+            self._pushed += 1
+            return self._stops.push(self._detok.push(token), check_stops)
+        # Stop strings see released text only: it is never taken back.
+        state = self._detok.state()
+        return self._stops.push(guard.push(self._detok.push(token), state), check_stops)
+
+    def rewind(self, index: int) -> None:
+        """Back to before token `index` (a banned phrase began in it)."""
+        assert self._guard is not None
+        self._detok.restore(self._guard.rewind(index))
 
     def flush(self) -> str:
-        return self._stops.push(self._detok.flush()) + self._stops.flush()
+        rest = self._detok.flush()
+        if self._guard is not None:
+            rest = self._guard.flush(rest)
+        return self._stops.push(rest) + self._stops.flush()

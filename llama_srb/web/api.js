@@ -51,18 +51,22 @@ export async function fetchModelName(apiKey) {
 
 /**
  * POSTs a streamed completion; once the server has accepted it calls `onOpen()`, then
- * `onChunk(json)` for each event until `[DONE]`. Aborting `signal` closes the connection,
+ * `onChunk(json)` for each event until `[DONE]` (with best_of, once, for the whole answer). Aborting `signal` closes the connection,
  * which cancels the generation on the server.
  */
 export async function streamCompletion(body, { apiKey, session, signal, onOpen, onChunk }) {
+  // best_of cannot be streamed (the best are known at the end): its one answer is the chunk.
+  const whole = (body.best_of ?? 0) > (body.n ?? 1);
+  const streamed = whole ? {} : { stream: true, stream_options: { include_usage: true } };
   const response = await fetch("v1/completions", {
     method: "POST",
     headers: { ...headers(apiKey), "X-Session-Id": session },
-    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+    body: JSON.stringify({ ...body, ...streamed }),
     signal,
   });
   if (!response.ok) throw await errorOf(response);
   onOpen?.();
+  if (whole) return onChunk(await response.json());
   for await (const data of sseData(response.body)) {
     if (data === "[DONE]") return;
     const chunk = JSON.parse(data);

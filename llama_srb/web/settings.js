@@ -46,6 +46,26 @@ const GROUPS = [
     ],
   },
   {
+    // Choosing between branches (README): the n continuations open and sound differently.
+    legend: "Choosing",
+    fields: [
+      {
+        key: "best_of", label: "best of (decode more, keep the n likeliest)",
+        min: 1, max: 256, step: 1, value: "",
+      },
+      {
+        // Not a request field: it becomes per-branch temperatures (choices_params).
+        key: "spread", label: "temperature spread (± across the n)",
+        min: 0, max: 5, step: 0.05, value: "0", zeroIsOff: true, local: true,
+      },
+      { key: "distinct_openings", label: "distinct openings", checkbox: true, value: "" },
+      {
+        key: "banned_strings", label: "banned phrases, one per line",
+        multiline: true, value: "",
+      },
+    ],
+  },
+  {
     legend: "Words",
     fields: [
       {
@@ -98,6 +118,11 @@ export function buildForm(form) {
 
 function fieldFor(field, value) {
   const attrs = { name: field.key, id: `setting-${field.key}`, "data-testid": `setting-${field.key}` };
+  if (field.checkbox) {
+    const box = el("input", { ...attrs, type: "checkbox" });
+    box.checked = Boolean(value);
+    return el("label", { class: "field check" }, [box, field.label]);
+  }
   const input = field.multiline
     ? el("textarea", { ...attrs, rows: "2", spellcheck: "false" })
     : el("input", { ...attrs, type: "number", inputmode: "decimal", step: field.step });
@@ -120,8 +145,9 @@ export function writeForm(form, values) {
   for (const field of FIELDS) {
     const input = form.elements.namedItem(field.key);
     if (!input) continue;
-    const value = values[field.key];
-    if (field.multiline) input.value = (value ?? []).map(escape).join("\n");
+    const value = field.key === "spread" ? spreadOf(values.choices_params) : values[field.key];
+    if (field.checkbox) input.checked = Boolean(value);
+    else if (field.multiline) input.value = (value ?? []).map(escape).join("\n");
     else input.value = value ?? (field.zeroIsOff ? "0" : "");
     clearError(form, field.key);
   }
@@ -141,15 +167,37 @@ export function requestFields(values) {
   const body = {};
   for (const field of FIELDS) {
     const raw = String(values[field.key] ?? "");
-    if (field.multiline) {
+    if (field.local) continue;
+    if (field.checkbox) {
+      if (raw) body[field.key] = true;
+    } else if (field.multiline) {
       // Not trimmed: a stop string may start or end with a space.
-      const stops = raw.split("\n").filter((s) => s !== "").map(unescape);
-      if (stops.length) body.stop = stops;
+      const lines = raw.split("\n").filter((s) => s !== "").map(unescape);
+      if (lines.length) body[field.key] = lines;
     } else if (raw.trim() !== "" && !(field.zeroIsOff && Number(raw) === 0)) {
       body[field.key] = Number(raw);
     }
   }
+  const spread = spreadTemperatures(
+    body.temperature ?? 0.8, Number(values.spread ?? 0), body.best_of ?? body.n ?? 1,
+  );
+  if (spread) body.choices_params = spread.map((temperature) => ({ temperature }));
   return body;
+}
+
+/** Per-branch temperatures for a spread s around the temperature t: from t - s for the
+ * first branch to t + s for the last, evenly (never below 0). */
+export function spreadTemperatures(t, s, n) {
+  if (!(s > 0) || !(n > 1)) return null;
+  return Array.from({ length: n }, (_, i) => {
+    const value = t - s + (2 * s * i) / (n - 1);
+    return Math.max(0, Math.round(value * 1000) / 1000);
+  });
+}
+
+function spreadOf(choicesParams) {
+  const temps = (choicesParams ?? []).map((p) => p?.temperature).filter((t) => t !== undefined);
+  return temps.length > 1 ? String((Math.max(...temps) - Math.min(...temps)) / 2) : "0";
 }
 
 /** The field a server error is about: its `param`, else a setting its message names (only
@@ -174,8 +222,10 @@ export function markError(form, key, message) {
   }
   input.setAttribute("aria-invalid", "true");
   const error = document.getElementById(`error-${key}`);
-  error.textContent = message;
-  error.hidden = false;
+  if (error) {
+    error.textContent = message;
+    error.hidden = false;
+  }
   form.closest("details")?.setAttribute("open", "");
 }
 

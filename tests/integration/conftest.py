@@ -6,35 +6,71 @@ from pathlib import Path
 import pytest
 
 from llama_srb.testing import RunningServer, run_server
+from tests.integration.bundled import FACTS, MODELS, ModelFacts
 
 # The browser for the UI tests (test_ui_*.py), launched once per session.
 from tests.integration.ui_helpers import browser, open_ui  # noqa: F401
 
-
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """One real server with the default model, shared by the tests of a session."""
-    with run_server(tmp_path_factory.mktemp("server"), "--n-ctx", "8192") as running:
-        yield running
-
-
+# Gemma 3's template as a file: the unit tests compare the bundled copy with it.
 CHAT_TEMPLATE = Path(__file__).parents[1] / "data" / "gemma3_chat_template.jinja"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "models(*names): run only on these bundled models (the test's docstring says why)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that needs a model, through any fixture, runs once per bundled model,
+    its id naming the model. The parameter is session-scoped, so pytest runs all of one
+    model's tests before the other's: each model's servers start once, and one model's
+    are stopped before the other's start."""
+    if "bundled_model" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("models")
+    names = list(marker.args) if marker else MODELS
+    assert set(names) <= set(MODELS), names
+    metafunc.parametrize("bundled_model", names, indirect=True, scope="session")
+
+
 @pytest.fixture(scope="session")
-def chat_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """The default model with Gemma 3's chat template: the bundled base model has none."""
-    tmp = tmp_path_factory.mktemp("chat_server")
-    with run_server(tmp, "--n-ctx", "4096", "--chat-template", str(CHAT_TEMPLATE)) as running:
+def bundled_model(request: pytest.FixtureRequest) -> str:
+    """The bundled model's name, for `--model`."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def model_facts(bundled_model: str) -> ModelFacts:
+    return FACTS[bundled_model]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> Iterator[RunningServer]:
+    """One real server per bundled model, shared by the tests of a session."""
+    tmp = tmp_path_factory.mktemp(f"server-{bundled_model}")
+    with run_server(tmp, "--model", bundled_model, "--n-ctx", "8192") as running:
         yield running
 
 
 @pytest.fixture(scope="session")
-def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+def chat_server(server: RunningServer) -> RunningServer:
+    """The server itself: both bundled models chat out of the box (Gemma 3 with the
+    template llama-srb ships, SmolLM2 with its GGUF's own)."""
+    return server
+
+
+@pytest.fixture(scope="session")
+def fuzz_server(
+    tmp_path_factory: pytest.TempPathFactory, bundled_model: str
+) -> Iterator[RunningServer]:
     """A small server for the fuzzers (test_fuzz.py, test_crash_fuzz.py): a small context
     and `n`, so that what they generate is refused or served quickly."""
     with run_server(
-        tmp_path_factory.mktemp("fuzz"),
+        tmp_path_factory.mktemp(f"fuzz-{bundled_model}"),
+        "--model",
+        bundled_model,
         "--n-ctx",
         "1024",
         "--max-n",

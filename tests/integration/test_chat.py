@@ -7,8 +7,9 @@ import openai
 import pytest
 
 from llama_srb.testing import RunningServer
+from tests.integration.bundled import GEMMA, ModelFacts
+from tests.integration.conftest import CHAT_TEMPLATE
 
-END_OF_TURN = 106  # Gemma's <end_of_turn>: an end-of-generation token
 HELLO = [{"role": "user", "content": "Write one short sentence about the sea."}]
 
 
@@ -17,10 +18,13 @@ def client(chat_server: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=chat_server.api_url, api_key="unused", max_retries=0)
 
 
-def test_chat_with_n3(client: openai.OpenAI) -> None:
-    out = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m", messages=HELLO, n=3, max_tokens=8, seed=5
-    )
+@pytest.fixture
+def model(chat_server: RunningServer) -> str:
+    return chat_server.model_id
+
+
+def test_chat_with_n3(client: openai.OpenAI, model: str) -> None:
+    out = client.chat.completions.create(model=model, messages=HELLO, n=3, max_tokens=8, seed=5)
     assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
     assert [c.index for c in out.choices] == [0, 1, 2]
     for choice in out.choices:
@@ -31,9 +35,11 @@ def test_chat_with_n3(client: openai.OpenAI) -> None:
     assert len({c.message.content for c in out.choices}) > 1  # seeds seed+i differ
 
 
-def test_streaming_chat_with_n3_role_then_content_then_finish(client: openai.OpenAI) -> None:
+def test_streaming_chat_with_n3_role_then_content_then_finish(
+    client: openai.OpenAI, model: str
+) -> None:
     stream = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=model,
         messages=HELLO,
         n=3,
         max_tokens=6,
@@ -61,15 +67,12 @@ def test_streaming_chat_with_n3_role_then_content_then_finish(client: openai.Ope
 
 
 def test_greedy_chat_is_the_completion_of_the_rendered_template(
-    client: openai.OpenAI, chat_server: RunningServer
+    client: openai.OpenAI, chat_server: RunningServer, model: str, model_facts: ModelFacts
 ) -> None:
-    chat = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m", messages=HELLO, max_tokens=8, temperature=0
-    )
-    prompt = (  # /v1/completions adds the BOS itself
-        "<start_of_turn>user\nWrite one short sentence about the sea.<end_of_turn>\n"
-        "<start_of_turn>model\n"
-    )
+    """The template's text, sent as a completion prompt, is the same prompt token for token
+    (a BOS where the model wants one, added once) and so gets the same greedy reply."""
+    chat = client.chat.completions.create(model=model, messages=HELLO, max_tokens=8, temperature=0)
+    prompt = model_facts.chat_prompt(HELLO[0]["content"])
     raw = httpx.post(
         f"{chat_server.api_url}/completions",
         json={"prompt": prompt, "max_tokens": 8, "temperature": 0},
@@ -79,10 +82,10 @@ def test_greedy_chat_is_the_completion_of_the_rendered_template(
     assert chat.usage is not None and chat.usage.prompt_tokens == raw["usage"]["prompt_tokens"]
 
 
-def test_content_parts_and_max_completion_tokens(client: openai.OpenAI) -> None:
+def test_content_parts_and_max_completion_tokens(client: openai.OpenAI, model: str) -> None:
     parts = [{"type": "text", "text": "Write one short sentence"}, {"type": "text", "text": "now."}]
     out = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=model,
         messages=[
             {"role": "system", "content": "You are terse."},
             {"role": "user", "content": parts},
@@ -95,25 +98,30 @@ def test_content_parts_and_max_completion_tokens(client: openai.OpenAI) -> None:
     assert out.usage is not None and out.usage.completion_tokens == 6
 
 
-def test_end_of_turn_ends_with_stop_and_is_never_shown(client: openai.OpenAI) -> None:
-    # Bias makes <end_of_turn> certain as soon as min_tokens allows it.
+def test_end_of_turn_ends_with_stop_and_is_never_shown(
+    client: openai.OpenAI, chat_server: RunningServer, model: str, model_facts: ModelFacts
+) -> None:
+    end = model_facts.end_of_turn
+    tokens = httpx.post(f"{chat_server.base_url}/tokenize", json={"content": end}).json()["tokens"]
+    assert len(tokens) == 1  # one special token, an end-of-generation one
+    # Bias makes the end of turn certain as soon as min_tokens allows it.
     out = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=model,
         messages=HELLO,
         n=2,
         max_tokens=10,
-        logit_bias={str(END_OF_TURN): 100},
+        logit_bias={str(tokens[0]): 100},
         extra_body={"min_tokens": 2},
     )
     for choice in out.choices:
         assert choice.finish_reason == "stop"
-        assert choice.message.content and "<end_of_turn>" not in choice.message.content
+        assert choice.message.content and end not in choice.message.content
     assert out.usage is not None and out.usage.completion_tokens == 4  # 2 each, the end unseen
 
 
-def test_chat_logprobs(client: openai.OpenAI) -> None:
+def test_chat_logprobs(client: openai.OpenAI, model: str) -> None:
     out = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=model,
         messages=HELLO,
         n=2,
         max_tokens=5,
@@ -134,27 +142,35 @@ def test_chat_logprobs(client: openai.OpenAI) -> None:
             assert sum(2.718281828**lp for lp in tops) <= 1.0 + 1e-6
 
 
-def test_the_bundled_base_model_chats_with_gemmas_template(
-    server: RunningServer, chat_server: RunningServer
+def test_each_bundled_model_chats_out_of_the_box(
+    server: RunningServer, model_facts: ModelFacts
 ) -> None:
-    """The bundled Gemma 3 270M has no chat template: the server ships Gemma 3's, the one
-    chat_server is given as a file (the same prompt, token for token)."""
+    """Gemma 3 270M base has no chat template in its GGUF: the server ships Gemma 3's (the
+    file the unit tests check it against); SmolLM2's GGUF has its own ChatML one."""
     body = {"messages": HELLO, "max_tokens": 4}
     response = httpx.post(f"{server.api_url}/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
-    with_file = httpx.post(f"{chat_server.api_url}/chat/completions", json=body, timeout=120)
-    assert response.json()["usage"]["prompt_tokens"] == with_file.json()["usage"]["prompt_tokens"]
-    assert "chat template: gemma3's, shipped with llama-srb" in server.log()
+    assert f"chat template: {model_facts.template_source}" in server.log()
+    props = httpx.get(f"{server.base_url}/props").json()
+    if model_facts.name == GEMMA:
+        assert props["chat_template"] == CHAT_TEMPLATE.read_text()
+
+
+@pytest.mark.models(GEMMA)
+def test_a_template_that_raises_is_a_400_with_its_message(chat_server: RunningServer) -> None:
+    """Gemma 3's template refuses two user turns in a row (raise_exception): its words are
+    the 400's. Gemma 3 only: SmolLM2's ChatML template renders any order of turns."""
+    two_users = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    body = {"messages": two_users, "max_tokens": 2}
+    response = httpx.post(f"{chat_server.api_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and "Conversation roles must alternate" in error["message"]
 
 
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
-        (
-            {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
-            "messages",
-            "Conversation roles must alternate",
-        ),
         ({"messages": [{"role": "tool", "content": "a"}]}, "messages.0.role", "system"),
         ({"messages": []}, "messages", "at least 1"),
         (
@@ -169,7 +185,9 @@ def test_the_bundled_base_model_chats_with_gemmas_template(
 def test_bad_chat_requests_are_4xx_with_a_reason(
     chat_server: RunningServer, body: dict, param: str, words: str
 ) -> None:
-    response = httpx.post(f"{chat_server.api_url}/chat/completions", json=body)
+    response = httpx.post(
+        f"{chat_server.api_url}/chat/completions", json={"max_tokens": 2, **body}, timeout=60
+    )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error

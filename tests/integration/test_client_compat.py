@@ -31,10 +31,11 @@ import httpx
 import openai
 import pytest
 
-from llama_srb.api.templates import packaged
+from llama_srb.api.input.templates import packaged
 from llama_srb.testing import RunningServer, run_server
+from tests.integration.bundled import GEMMA, ModelFacts
 
-MODEL = "gemma-3-270m-q4_k_m"
+SERVED = "<the served model id>"  # in a parametrized body: replaced by the server's model id
 STORY = (
     "The old lighthouse keeper climbed the stairs one last time. At the top, he found a"
     " letter tucked under the lamp. It said:"
@@ -43,13 +44,18 @@ TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    """The default server, as `make serve` runs it (a smaller context), for this module
-    alone: its hundred-odd requests fill the prefix cache until it evicts, and in the holes
-    that leaves a near-tie can go the other way (README, "Known limits"), which the shared
-    server's greedy-equality tests (test_completions.py) must not meet."""
-    with run_server(tmp_path_factory.mktemp("client_compat"), "--n-ctx", "8192") as running:
+def server(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> Iterator[RunningServer]:
+    """A server as `make serve` runs it (a smaller context), one per bundled model, for
+    this module alone: its hundred-odd requests fill the prefix cache until it evicts, and
+    in the holes that leaves a near-tie can go the other way (README, "Known limits"), which
+    the shared server's greedy-equality tests (test_completions.py) must not meet."""
+    tmp = tmp_path_factory.mktemp(f"client_compat-{bundled_model}")
+    with run_server(tmp, "--model", bundled_model, "--n-ctx", "8192") as running:
         yield running
+
+
+def served(server: RunningServer, body: dict) -> dict:
+    return {k: server.model_id if v == SERVED else v for k, v in body.items()}
 
 
 # == SillyTavern ================================================================================
@@ -227,7 +233,7 @@ def st_generation_data(
     t = api_type
     stop = ["\nUser:"] if stop is None else stop
     breakers = json.dumps(json.loads(str(ST["dry_sequence_breakers"])), separators=(",", ":"))
-    model = MODEL if t in ("vllm", "aphrodite") else UNDEFINED  # picked from /v1/models
+    model = server.model_id if t in ("vllm", "aphrodite") else UNDEFINED  # from /v1/models
     maybe_seed = seed if seed >= 0 else UNDEFINED
     logprobs_n = (5 if t == "vllm" else 10) if token_probabilities else UNDEFINED
     only = {
@@ -519,17 +525,19 @@ def test_sillytavern_connects(server: RunningServer, api_type: str) -> None:
         info = httpx.get(server.base_url + "/v1/internal/model/info")
         assert info.status_code == 200  # turns remote tokenization on
         result = info.json()["model_name"] or result
-    assert result == MODEL
+    assert result == server.model_id
 
 
-def test_sillytavern_reads_llamacpp_props(server: RunningServer) -> None:
+def test_sillytavern_reads_llamacpp_props(server: RunningServer, model_facts: ModelFacts) -> None:
     """text-completions.js /props (llamacpp, ?model=): the ST server hashes `chat_template`
     (a string, or it answers 500) and the front end reads default_generation_settings.n_ctx."""
-    response = httpx.get(f"{server.base_url}/props", params={"model": MODEL})
+    response = httpx.get(f"{server.base_url}/props", params={"model": server.model_id})
     assert response.status_code == 200
     props = response.json()
     assert isinstance(props["chat_template"], str) and props["chat_template"]
-    assert props["chat_template"] == packaged("gemma3.jinja")  # the bundled model's family
+    assert model_facts.turn_start in props["chat_template"]
+    if model_facts.name == GEMMA:  # no template in its GGUF: its family's, shipped
+        assert props["chat_template"] == packaged("gemma3.jinja")
     assert props["default_generation_settings"]["n_ctx"] == 8192
     assert isinstance(props["total_slots"], int) and props["total_slots"] >= 1
     assert props["model_path"].endswith(".gguf")
@@ -539,8 +547,8 @@ def test_sillytavern_reads_llamacpp_props(server: RunningServer) -> None:
     ("api_type", "path", "body"),
     [
         ("llamacpp", "/tokenize", {"model": "", "content": STORY}),
-        ("vllm", "/tokenize", {"model": MODEL, "prompt": STORY}),
-        ("aphrodite", "/v1/tokenize", {"model": MODEL, "prompt": STORY}),
+        ("vllm", "/tokenize", {"model": SERVED, "prompt": STORY}),
+        ("aphrodite", "/v1/tokenize", {"model": SERVED, "prompt": STORY}),
         (
             "tabby",
             "/v1/token/encode",
@@ -554,7 +562,7 @@ def test_sillytavern_remote_tokenizer(
 ) -> None:
     """tokenizers.js /remote/textgenerationwebui/encode: the count is `length ?? count ??
     value ?? tokens.length`, the ids `tokens ?? ids`."""
-    response = httpx.post(server.base_url + path, json=body)
+    response = httpx.post(server.base_url + path, json=served(server, body))
     assert response.status_code == 200, response.text
     data = response.json()
     count = next(
@@ -589,6 +597,8 @@ def test_sillytavern_token_probabilities_not_streamed(server: RunningServer, api
     data = st_textgen_whole(api_type, server, body)["data"]
     parsed = st_parse_tabby_logprobs(api_type, data)
     assert parsed and all(p is not None and p["top"] for p in parsed)
+    # The tokens cut out of the text at `text_offset` are the tokens generated.
+    assert [p["token"] for p in parsed] == data["choices"][0]["logprobs"]["tokens"]
     k = 5 if api_type == "vllm" else 10
     assert all(k <= len(p["top"]) <= k + 1 for p in parsed)  # + the chosen token
 
@@ -621,7 +631,7 @@ def test_sillytavern_llamacpp_token_probabilities_not_streamed(server: RunningSe
 # -- SillyTavern's Custom (OpenAI-compatible) chat source ----------------------------------------
 
 
-def st_custom_chat_body(n: int, stream: bool) -> dict[str, Any]:
+def st_custom_chat_body(model: str, n: int, stream: bool) -> dict[str, Any]:
     """openai.js createGenerationParameters (custom source, token probabilities on) as
     chat-completions.js forwards it: logprobs 5 becomes top_logprobs 5, logprobs true."""
     body = {
@@ -629,7 +639,7 @@ def st_custom_chat_body(n: int, stream: bool) -> dict[str, Any]:
             {"role": "system", "content": "Write the next reply in a fictional chat."},
             {"role": "user", "content": "Where does the lighthouse keeper live?"},
         ],
-        "model": MODEL,
+        "model": model,
         "temperature": 1,
         "max_tokens": 24,
         "stream": stream,
@@ -652,10 +662,10 @@ def test_sillytavern_custom_chat_source_out_of_the_box(server: RunningServer) ->
     """The bundled base model chats with no setting changed; choices[0].message.content is
     the reply, choices[1..] the swipes, logprobs.content[] with top_logprobs each."""
     models = httpx.get(f"{server.api_url}/models", headers=CUSTOM_HEADERS)
-    assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == server.model_id
     response = httpx.post(
         f"{server.api_url}/chat/completions",
-        json=st_custom_chat_body(3, False),
+        json=st_custom_chat_body(server.model_id, 3, False),
         headers=CUSTOM_HEADERS,
         timeout=TIMEOUT,
     )
@@ -672,14 +682,16 @@ def test_sillytavern_custom_chat_source_streamed_swipes(server: RunningServer) -
     """sendOpenAIRequest streaming: choices[0].index > 0 goes to a swipe; the text is
     `delta.content ?? message.content ?? text`."""
     whole = httpx.post(
-        f"{server.api_url}/chat/completions", json=st_custom_chat_body(3, False), timeout=TIMEOUT
+        f"{server.api_url}/chat/completions",
+        json=st_custom_chat_body(server.model_id, 3, False),
+        timeout=TIMEOUT,
     ).json()
     expected = [c["message"]["content"] for c in whole["choices"]]
     text, swipes = "", {}
     with httpx.stream(
         "POST",
         f"{server.api_url}/chat/completions",
-        json=st_custom_chat_body(3, True),
+        json=st_custom_chat_body(server.model_id, 3, True),
         headers=CUSTOM_HEADERS,
         timeout=TIMEOUT,
     ) as response:
@@ -847,13 +859,13 @@ def test_mikupad_llamacpp_default_n_predict_streams_until_stopped(server: Runnin
     assert all(e["stop"] is False and isinstance(e["content"], str) for e in first)
 
 
-def mikupad_openai_options(**options: Any) -> dict[str, Any]:
+def mikupad_openai_options(model: str, **options: Any) -> dict[str, Any]:
     """openaiConvertOptions on predict()'s options (DRY enabled, as the OpenAI-mode user of
     a Tabby or ooba server would): n_predict -1 becomes max_tokens 1024, n_probs logprobs,
     repeat_* repetition_*, mirostat mirostat_mode, ignore_eos ban_eos_token, and the DRY
     breakers stay a JSON string."""
     base = {
-        "model": MODEL,
+        "model": model,
         "prompt": STORY,
         "temperature": 0.7,
         "repetition_penalty": 1.1,
@@ -890,8 +902,8 @@ def test_mikupad_openai_mode_probes_and_streams(server: RunningServer) -> None:
     )
     assert probe.status_code == 200 and probe.json()["length"] > 10
     models = httpx.get(f"{server.base_url}/v1/models", headers=MIKUPAD_HEADERS).json()
-    assert [m["id"] for m in models["data"]] == [MODEL]
-    body = mikupad_openai_options(max_tokens=16, seed=4)
+    assert [m["id"] for m in models["data"]] == [server.model_id]
+    body = mikupad_openai_options(server.model_id, max_tokens=16, seed=4)
     tokens = []
     with httpx.stream(
         "POST",
@@ -919,7 +931,7 @@ def test_mikupad_openai_mode_probes_and_streams(server: RunningServer) -> None:
 def test_mikupad_openai_mode_not_streamed(server: RunningServer) -> None:
     """openaiCompletion without streaming: with `logprobs.tokens`, one chunk per token
     with `top_logprobs[i]`."""
-    body = mikupad_openai_options(max_tokens=8, seed=4, stream=False)
+    body = mikupad_openai_options(server.model_id, max_tokens=8, seed=4, stream=False)
     data = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=TIMEOUT).json()
     logprobs = data["choices"][0]["logprobs"]
     chunks = [
@@ -934,7 +946,7 @@ def test_mikupad_chat_mode(server: RunningServer) -> None:
     """openaiChatCompletion: every event needs choices[0].delta (no usage-only chunk
     unless asked); tokens and top_logprobs from logprobs.content[0]."""
     body = {
-        "model": MODEL,
+        "model": server.model_id,
         "messages": [{"role": "user", "content": "Tell me about the lighthouse."}],
         "temperature": 0.7,
         "top_p": 0.95,
@@ -1023,7 +1035,7 @@ def loom_generate(server: RunningServer, n: int) -> dict:
         "logit_bias": {},
         "n": n,
         "stop": None,
-        "model": MODEL,
+        "model": server.model_id,
         "prompt": STORY,
         "echo": True,
     }
@@ -1069,7 +1081,7 @@ def test_langchain_prompt_list(server: RunningServer) -> None:
     n = 2
     client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
     response = client.completions.create(
-        model=MODEL,
+        model=server.model_id,
         prompt=prompts,
         temperature=0.7,
         top_p=1,
@@ -1125,7 +1137,7 @@ def test_each_alias_reaches_its_setting(
     server: RunningServer, alias: str, value: Any, canonical: str
 ) -> None:
     """Read back from /completion's generation_settings; the same table serves
-    /v1/completions and chat (api/dialects.py)."""
+    /v1/completions and chat (api/schemas/dialects.py)."""
     body = {"prompt": "Once", "n_predict": 1, alias: value}
     if canonical == "n_predict":
         del body["n_predict"]
@@ -1273,7 +1285,7 @@ def test_native_stop_word(server: RunningServer) -> None:
         ("/v1/completions", {"prompt": "x", "mirostat_mode": 3}, "mirostat"),
         ("/v1/completions", {"prompt": "x", "max_new_tokens": -1}, "max_tokens"),
         ("/v1/completions", {"prompt": "x", "typical": "high"}, "typical_p"),
-        ("/tokenize", {"model": MODEL}, None),
+        ("/tokenize", {"model": SERVED}, None),
         ("/v1/token/encode", {"add_bos_token": False}, None),
         ("/v1/token/decode", {"tokens": [10**9]}, "tokens"),
     ],
@@ -1281,7 +1293,7 @@ def test_native_stop_word(server: RunningServer) -> None:
 def test_bad_dialect_values_are_openai_style_400s(
     server: RunningServer, path: str, body: dict, param: str | None
 ) -> None:
-    response = httpx.post(server.base_url + path, json=body, timeout=TIMEOUT)
+    response = httpx.post(server.base_url + path, json=served(server, body), timeout=TIMEOUT)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["message"] and error["type"] == "invalid_request_error"
@@ -1290,23 +1302,29 @@ def test_bad_dialect_values_are_openai_style_400s(
     assert httpx.get(f"{server.base_url}/health").status_code == 200
 
 
-def test_tokenizer_dialect_options(server: RunningServer) -> None:
-    """vLLM's add_special_tokens, Tabby's add_bos_token and decode, ooba's token count."""
+def test_tokenizer_dialect_options(server: RunningServer, model_facts: ModelFacts) -> None:
+    """vLLM's add_special_tokens, Tabby's add_bos_token and decode, ooba's token count (a
+    BOS added by default where the model wants one: Gemma 3, not SmolLM2)."""
+    bos = int(model_facts.add_bos)
     plain = httpx.post(f"{server.base_url}/tokenize", json={"content": "Hi"}).json()["tokens"]
     vllm = httpx.post(
         f"{server.base_url}/tokenize", json={"prompt": "Hi", "add_special_tokens": False}
     ).json()
     assert vllm["tokens"] == plain and vllm["count"] == len(plain) and vllm["max_model_len"] == 8192
     tabby = httpx.post(f"{server.base_url}/v1/token/encode", json={"text": "Hi"}).json()
-    assert tabby["tokens"][1:] == plain and tabby["length"] == len(plain) + 1  # BOS by default
+    assert tabby["tokens"][bos:] == plain and tabby["length"] == len(plain) + bos
     literal = httpx.post(
         f"{server.base_url}/v1/token/encode",
-        json={"text": "<start_of_turn>", "add_bos_token": False, "encode_special_tokens": False},
+        json={
+            "text": model_facts.turn_start,
+            "add_bos_token": False,
+            "encode_special_tokens": False,
+        },
     ).json()
     assert literal["length"] > 1
     text = httpx.post(f"{server.base_url}/v1/token/decode", json={"tokens": plain}).json()["text"]
     assert text == "Hi"
     count = httpx.post(f"{server.base_url}/v1/internal/token-count", json={"text": "Hi"}).json()
-    assert count == {"length": len(plain) + 1}
+    assert count == {"length": len(plain) + bos}
     decoded = httpx.post(f"{server.base_url}/v1/internal/decode", json={"tokens": plain}).json()
     assert decoded == {"text": "Hi"}

@@ -32,7 +32,7 @@ def assert_matches_schema(text: str) -> None:
 def test_chat_json_schema_in_all_n_choices(chat_server: RunningServer) -> None:
     client = openai.OpenAI(base_url=chat_server.api_url, api_key="unused", max_retries=0)
     out = client.chat.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=chat_server.model_id,
         messages=[{"role": "user", "content": "Describe the lighthouse as JSON."}],
         n=3,
         max_tokens=40,  # the grammar ends it (~20 tokens); room for its optional spaces
@@ -103,7 +103,7 @@ def test_logit_bias_minus_100_changes_the_greedy_token(server: RunningServer) ->
     assert len(tokens) == 1
     client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
     banned = client.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=server.model_id,
         prompt=PROMPT,
         n=2,
         max_tokens=1,

@@ -45,9 +45,13 @@ def edge(*values: object) -> st.SearchStrategy[object]:
     return st.sampled_from(values)
 
 
+# The first ids past each bundled model's vocabulary: Gemma 3's 262,144 and SmolLM2's 49,152.
+PAST_VOCAB = (262144, 49152)
+
+
 SAMPLERS: dict[str, st.SearchStrategy[object]] = {
     "temperature": edge(0, 0.0001, 0.8, 2.0, 100, -1, 1e308),
-    "top_k": edge(0, 1, 40, 262144, 10**9, -1),
+    "top_k": edge(0, 1, 40, *PAST_VOCAB, 10**9, -1),
     "top_p": edge(0, 0.1, 1, 1.5),
     "min_p": edge(0, 0.5, 1, -0.1),
     "typical_p": edge(0, 0.5, 1),
@@ -72,14 +76,16 @@ SAMPLERS: dict[str, st.SearchStrategy[object]] = {
     "min_tokens": edge(0, 1, 3, 100, 2**31),
     "ignore_eos": st.booleans(),
     "stop": edge("\n", ["a", "b"], [""], ["."] * 65),
-    "logit_bias": edge({"0": 100}, {"1": -100}, {"262144": 1}, {"-1": 1}, {"2": 101}),
+    "logit_bias": edge(
+        {"0": 100}, {"1": -100}, *({str(t): 1} for t in PAST_VOCAB), {"-1": 1}, {"2": 101}
+    ),
 }
 
 PROMPTS: st.SearchStrategy[object] = st.one_of(
     st.text(alphabet="ab <>_/\n.é🙂", max_size=30),
-    edge("<start_of_turn>model\n", "<bos>", "<eos>", ""),
+    edge("<start_of_turn>model\n", "<bos>", "<eos>", "<|im_start|>assistant\n", "<|im_end|>", ""),
     st.lists(st.integers(min_value=0, max_value=3000), max_size=20),
-    edge([-1], [2**31], [262144], [[1, 2], [3]], ["a", "b"], [[]], []),
+    edge([-1], [2**31], *([t] for t in PAST_VOCAB), [[1, 2], [3]], ["a", "b"], [[]], []),
 )
 
 

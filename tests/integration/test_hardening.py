@@ -153,9 +153,13 @@ def test_a_socket_closed_while_waiting_for_a_whole_completion_frees_it(
 # -- backpressure --------------------------------------------------------------------------
 
 
-def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(tmp_path: Path) -> None:
+def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(
+    tmp_path: Path, bundled_model: str
+) -> None:
     with run_server(
-        tmp_path, "--max-sequences", "1", "--max-n", "1", "--max-queue", "1", "--n-ctx", "2048"
+        tmp_path,
+        *("--model", bundled_model, "--max-sequences", "1", "--max-n", "1", "--max-queue", "1"),
+        *("--n-ctx", "2048"),
     ) as server:
         running = Stream(server, LONG).started()
         queued = Stream(server, {"prompt": STORY, "max_tokens": 4})
@@ -191,12 +195,16 @@ def test_a_full_queue_answers_429_with_retry_after_and_loses_nothing(tmp_path: P
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
-    tmp = tmp_path_factory.mktemp("guarded")
+def guarded(
+    tmp_path_factory: pytest.TempPathFactory, bundled_model: str
+) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp(f"guarded-{bundled_model}")
     key_file = tmp / "keys.txt"
     key_file.write_text("# one key per line\nsecond-key\n")
     with run_server(
         tmp,
+        "--model",
+        bundled_model,
         "--api-key",
         "sesame",
         "--api-key-file",
@@ -295,8 +303,11 @@ def test_a_request_past_the_timeout_gets_an_explicit_error(guarded: RunningServe
 # -- graceful shutdown -----------------------------------------------------------------------
 
 
-def test_sigterm_lets_running_streams_finish_ends_the_rest_and_exits_0(tmp_path: Path) -> None:
-    with run_server(tmp_path, "--shutdown-grace", "3", "--n-ctx", "4096") as server:
+def test_sigterm_lets_running_streams_finish_ends_the_rest_and_exits_0(
+    tmp_path: Path, bundled_model: str
+) -> None:
+    args = ("--model", bundled_model, "--shutdown-grace", "3", "--n-ctx", "4096")
+    with run_server(tmp_path, *args) as server:
         short = Stream(server, {"prompt": STORY, "max_tokens": 12, "ignore_eos": True})
         long = Stream(server, LONG)
         short.started()

@@ -11,20 +11,15 @@ import openai
 import pytest
 
 from llama_srb.testing import RunningServer
+from tests.helpers import complete
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
-
-
-def complete(server: RunningServer, **body: object) -> dict:
-    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def test_logprobs_shape_and_values_at_temperature_0(server: RunningServer) -> None:
     client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
     out = client.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=server.model_id,
         prompt=STORY,
         n=2,
         max_tokens=6,
@@ -38,9 +33,11 @@ def test_logprobs_shape_and_values_at_temperature_0(server: RunningServer) -> No
         assert lp.text_offset is not None
         assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
         assert "".join(lp.tokens) == choice.text
-        # Offsets index into prompt + completion, as OpenAI's do.
-        expected = [len(STORY) + len("".join(lp.tokens[:i])) for i in range(6)]
+        # Offsets index the choice's own text (vLLM, TabbyAPI; SillyTavern cuts tokens
+        # out of `text` with them): each token is found where its offset says.
+        expected = [len("".join(lp.tokens[:i])) for i in range(6)]
         assert lp.text_offset == expected
+        assert all(choice.text[o:].startswith(t) for o, t in zip(expected, lp.tokens, strict=True))
         for sampled, top in zip(lp.token_logprobs, lp.top_logprobs, strict=True):
             assert sampled is not None and sampled <= 0 and top is not None
             assert max(top.values()) >= sampled - 1e-6  # greedy: the top-1 is the sampled one
@@ -66,7 +63,7 @@ def test_no_logprobs_unless_asked(server: RunningServer) -> None:
 
 def test_echo_returns_the_prompt_first(server: RunningServer) -> None:
     client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
-    body = {"model": "gemma-3-270m-q4_k_m", "prompt": STORY, "max_tokens": 1, "temperature": 0}
+    body = {"model": server.model_id, "prompt": STORY, "max_tokens": 1, "temperature": 0}
     out = client.completions.create(**body, n=2, echo=True)
     plain = client.completions.create(**body)
     for choice in out.choices:

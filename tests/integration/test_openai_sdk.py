@@ -29,7 +29,7 @@ def test_completions_with_n(client: openai.OpenAI) -> None:
 
 def test_streaming_completions_with_n(client: openai.OpenAI) -> None:
     stream = client.completions.create(
-        model="gemma-3-270m-q4_k_m",
+        model=client.models.list().data[0].id,
         prompt="Once upon a time",
         n=2,
         max_tokens=6,
@@ -52,4 +52,4 @@ def test_streaming_completions_with_n(client: openai.OpenAI) -> None:
 
 def test_sdk_raises_bad_request_for_bad_n(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError):
-        client.completions.create(model="gemma-3-270m-q4_k_m", prompt="x", n=0)
+        client.completions.create(model=client.models.list().data[0].id, prompt="x", n=0)

@@ -6,10 +6,11 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 
 from llama_srb.testing import RunningServer, run_server
+from tests.helpers import complete
+from tests.integration.bundled import GEMMA, ModelFacts
 
 CHAPTER = (
     " Chapter one. The rain had not stopped for three days when Ilse found the letter under "
@@ -21,12 +22,6 @@ CHAPTER = (
 def story(words: int = 1) -> str:
     """A prompt no other test has sent, so nothing of it is cached yet."""
     return f"{uuid.uuid4().hex}." + CHAPTER * words  # no trailing space: clean token seams
-
-
-def complete(server: RunningServer, **body: object) -> dict:
-    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def evaluated(server: RunningServer) -> float:
@@ -58,9 +53,12 @@ def test_a_branch_reuses_the_prompt_and_the_chosen_continuation(server: RunningS
     assert all(c["text"] for c in branch["choices"])
 
 
+@pytest.mark.models(GEMMA)
 def test_sliding_window_model_reuses_positions_beyond_the_window(server: RunningServer) -> None:
     """Gemma 3 attends over a 512-token window in most layers; with swa_full the cells
-    far behind stay, so a cached 1,000-token prompt continues exactly like a cold one."""
+    far behind stay, so a cached 1,000-token prompt continues exactly like a cold one.
+    Gemma 3 only: SmolLM2 has no sliding window (full attention keeps every cell), and
+    the other tests here cover its reuse."""
     prompt = story(16)
     cold = complete(server, prompt=prompt, max_tokens=16, temperature=0, ignore_eos=True)
     assert cold["usage"]["prompt_tokens"] > 750
@@ -107,7 +105,7 @@ def test_a_prompt_sharing_only_its_first_token_is_cached_on_its_second_try(
     server: RunningServer,
 ) -> None:
     complete(server, prompt=story(20), max_tokens=4)  # a long path is cached
-    prompt = story(2)  # starts with BOS, like the long one, then nothing in common
+    prompt = story(2)  # starts with BOS (where the model has one), then nothing in common
     first = complete(server, prompt=prompt, max_tokens=8)
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # no useless fork
     again = complete(server, prompt=prompt, max_tokens=8)
@@ -117,17 +115,24 @@ def test_a_prompt_sharing_only_its_first_token_is_cached_on_its_second_try(
 
 
 def test_without_n_ctx_the_context_is_the_models_training_context(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, bundled_model: str, model_facts: ModelFacts
 ) -> None:
-    with run_server(Path(tmp_path_factory.mktemp("auto"))) as running:
-        assert running.metric("llama_srb_kv_cells_total") == 32768  # Gemma 3 270M's
-        assert "n_ctx=32768: the model's training context" in running.log()
+    tmp = Path(tmp_path_factory.mktemp("auto"))
+    with run_server(tmp, "--model", bundled_model) as running:
+        assert running.metric("llama_srb_kv_cells_total") == model_facts.n_ctx_train
+        assert f"n_ctx={model_facts.n_ctx_train}: the model's training context" in running.log()
 
 
 @pytest.fixture(scope="module")
-def tiny_cache_server(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def tiny_cache_server(tmp_path_factory: pytest.TempPathFactory, bundled_model: str):  # type: ignore[no-untyped-def]
     with run_server(
-        Path(tmp_path_factory.mktemp("tiny")), "--n-ctx", "2048", "--cache-cells", "300"
+        Path(tmp_path_factory.mktemp("tiny")),
+        "--model",
+        bundled_model,
+        "--n-ctx",
+        "2048",
+        "--cache-cells",
+        "300",
     ) as running:
         yield running
 

@@ -9,15 +9,10 @@ import openai
 import pytest
 
 from llama_srb.testing import RunningServer
+from tests.helpers import complete
 
 A = "The lighthouse keeper opened the door and"
 B = "Far out at sea, the fishing boat"
-
-
-def complete(server: RunningServer, **body: object) -> dict:
-    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def tokenize(server: RunningServer, text: str) -> list[int]:
@@ -50,9 +45,7 @@ def test_token_id_prompts_equal_their_text(server: RunningServer) -> None:
 
 def test_prompt_list_through_the_sdk(server: RunningServer) -> None:
     client = openai.OpenAI(base_url=server.api_url, api_key="unused", max_retries=0)
-    out = client.completions.create(
-        model="gemma-3-270m-q4_k_m", prompt=[A, B], n=3, max_tokens=3, seed=4
-    )
+    out = client.completions.create(model=server.model_id, prompt=[A, B], n=3, max_tokens=3, seed=4)
     assert sorted(c.index for c in out.choices) == list(range(6))
     assert all(c.finish_reason in ("stop", "length") for c in out.choices)
 

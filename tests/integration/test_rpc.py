@@ -38,24 +38,27 @@ def greedy(server: RunningServer) -> list[str]:
 
 
 def test_a_model_split_over_two_workers_generates_what_the_local_one_does(
-    tmp_path: Path,
+    tmp_path: Path, bundled_model: str
 ) -> None:
-    with run_server(tmp_path, *ARGS) as local:
+    args = ("--model", bundled_model, *ARGS)
+    with run_server(tmp_path, *args) as local:
         expected = greedy(local)
     with ExitStack() as stack:
         workers = [stack.enter_context(run_rpc_worker(tmp_path)) for _ in range(2)]
         idle = [resident_mib(process) for _, process in workers]
         endpoints = ",".join(endpoint for endpoint, _ in workers)
         split = stack.enter_context(
-            run_server(tmp_path, *ARGS, "--rpc", endpoints, "--n-gpu-layers", "99")
+            run_server(tmp_path, *args, "--rpc", endpoints, "--n-gpu-layers", "99")
         )
         assert greedy(split) == expected
-        # The workers hold the layers: each grew by tens of MiB (the model is 240 MiB).
+        # The workers hold the layers: each grew by tens of MiB (the models are 240 and
+        # 98 MiB).
         grew = [resident_mib(p) - before for (_, p), before in zip(workers, idle, strict=True)]
         assert min(grew) > 20, grew
 
 
 def test_an_unreachable_worker_stops_the_start_with_a_message(tmp_path: Path) -> None:
+    """Stopped before a model is loaded: it runs once, on the default model's flags."""
     unreachable = pytest.raises(
         RuntimeError, match=r"cannot reach the rpc-server at 127\.0\.0\.1:9\b"
     )

@@ -13,8 +13,14 @@ import pytest
 
 from llama_srb.testing import RunningServer, run_server
 from llama_srb.testing_cluster import NGINX, RunningBalancer, run_balancer
+from tests.integration.bundled import GEMMA
 
-pytestmark = pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed")
+# The default model only: what is tested here is nginx's routing of HTTP and SSE, the
+# session affinity and the failover, none of which depends on the model behind it.
+pytestmark = [
+    pytest.mark.skipif(not Path(NGINX).exists(), reason="nginx is not installed"),
+    pytest.mark.models(GEMMA),
+]
 
 STORY = (
     "The lighthouse keeper had kept the lamp for thirty years. Every night she climbed the"
@@ -25,12 +31,13 @@ SERVER_ARGS = ("--n-ctx", "4096", "--max-n", "4", "--max-sequences", "8")
 
 @pytest.fixture(scope="module")
 def cluster(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, bundled_model: str
 ) -> Iterator[tuple[RunningBalancer, list[RunningServer]]]:
     tmp = tmp_path_factory.mktemp("scale_out")
+    args = ("--model", bundled_model, *SERVER_ARGS)
     with (
-        run_server(tmp, *SERVER_ARGS) as first,
-        run_server(tmp, *SERVER_ARGS) as second,
+        run_server(tmp, *args) as first,
+        run_server(tmp, *args) as second,
         run_balancer(tmp, [hostport(first), hostport(second)]) as balancer,
     ):
         yield balancer, [first, second]

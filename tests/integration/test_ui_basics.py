@@ -7,7 +7,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llama_srb.testing import RunningServer, run_server
+from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PHONE,
     PROMPT,
@@ -27,6 +30,11 @@ from tests.integration.ui_helpers import (
     wait_until,
     with_ignore_eos,
 )
+
+# The page, not the model, is under test here: it runs on the default model, the base
+# model for continuing stories the page is made for; both models' answers to the same
+# requests are tested through the API (test_completions.py, test_logprobs.py...).
+pytestmark = pytest.mark.models(GEMMA)
 
 MAX_TOKENS = 8
 MILLISECONDS = re.compile(r"^\d+ ms$")

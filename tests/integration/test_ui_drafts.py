@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import pytest
+
 from llama_srb.testing import RunningServer
+from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PHONE,
     PROMPT,
@@ -20,6 +23,11 @@ from tests.integration.ui_helpers import (
     tree_node,
     wait_finished,
 )
+
+# The page, not the model, is under test here: it runs on the default model, the base
+# model for continuing stories the page is made for; both models' answers to the same
+# requests are tested through the API (test_completions.py, test_logprobs.py...).
+pytestmark = pytest.mark.models(GEMMA)
 
 TYPED = " Tom wrote back at once."
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from llama_srb.testing import RunningServer
+from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PROMPT,
     card_text,
@@ -18,6 +21,11 @@ from tests.integration.ui_helpers import (
     start_story,
     wait_finished,
 )
+
+# The page, not the model, is under test here: it runs on the default model, the base
+# model for continuing stories the page is made for; both models' answers to the same
+# requests are tested through the API (test_completions.py, test_logprobs.py...).
+pytestmark = pytest.mark.models(GEMMA)
 
 
 def test_ctrl_enter_in_an_edited_card_uses_that_card(open_ui: Any, server: RunningServer) -> None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from llama_srb.testing import RunningServer
+from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PROMPT,
     chain_tree,
@@ -21,6 +24,11 @@ from tests.integration.ui_helpers import (
     tree_node,
     wait_finished,
 )
+
+# The page, not the model, is under test here: it runs on the default model, the base
+# model for continuing stories the page is made for; both models' answers to the same
+# requests are tested through the API (test_completions.py, test_logprobs.py...).
+pytestmark = pytest.mark.models(GEMMA)
 
 STEPS = [f" Step {i} of the long walk, and the sea kept rising." for i in range(1, 21)]
 

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from llama_srb.testing import RunningServer
+from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PROMPT,
     cards,
@@ -24,6 +26,11 @@ from tests.integration.ui_helpers import (
     start_story,
     wait_finished,
 )
+
+# The page, not the model, is under test here: it runs on the default model, the base
+# model for continuing stories the page is made for; both models' answers to the same
+# requests are tested through the API (test_completions.py, test_logprobs.py...).
+pytestmark = pytest.mark.models(GEMMA)
 
 PERCENT = re.compile(r"^\d+(\.\d)?%$")
 

@@ -101,7 +101,9 @@ class FakeContext:
         return self
 
     def warm_up(self, token: int) -> None:
-        pass
+        # llama.cpp aborts the process on a token outside the vocabulary.
+        assert 0 <= token < N_VOCAB, f"warm-up with invalid token {token}"
+        self.warmed_with = token
 
     def decode(self, batch: Batch) -> None:
         self.rows = {}

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import ValidationError
 
-from llama_srb.api.chat_protocol import ChatMessage
-from llama_srb.api.logprob_format import chat_logprobs, completion_logprobs
-from llama_srb.api.prompts import merge
-from llama_srb.api.protocol import CompletionRequest
-from llama_srb.api.routes.chat import DEFAULT_MAX_TOKENS_CAP, default_max_tokens
+from llama_srb.api.input.params import DEFAULT_MAX_TOKENS_CAP, default_max_tokens
+from llama_srb.api.render.logprobs import chat_logprobs, completion_logprobs
+from llama_srb.api.schemas.chat import ChatMessage
+from llama_srb.api.schemas.completions import CompletionRequest
+from llama_srb.api.service import merge
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.sampling.logprobs import TokenLogprob
 

@@ -1,22 +1,23 @@
-"""Other servers' field names and formats (api/dialects.py), the /completion result's stop
+"""Other servers' field names and formats (api/schemas/dialects.py), the /completion result's stop
 fields, the chat template choice, and `--n`: pure logic, no model."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from llama_srb.api import dialects
-from llama_srb.api.chat_protocol import ChatRequest
-from llama_srb.api.constraints import logit_bias
-from llama_srb.api.native_format import NativeResult, stop_info
-from llama_srb.api.native_protocol import NativeCompletionRequest
-from llama_srb.api.protocol import CompletionRequest
-from llama_srb.api.routes.chat import chat_params
-from llama_srb.api.templates import CHATML_STOPS, choose, packaged
+from llama_srb.api.input.constraints import logit_bias
+from llama_srb.api.input.params import chat_params
+from llama_srb.api.input.templates import CHATML_STOPS, choose, packaged
+from llama_srb.api.render.native import NativeResult, stop_info
+from llama_srb.api.schemas import dialects
+from llama_srb.api.schemas.chat import ChatRequest
+from llama_srb.api.schemas.completions import CompletionRequest
+from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.cli import add_settings_flags, settings_from_args
 from llama_srb.engine.sequence import FinishReason
 from llama_srb.sampling.params import ParamError, SamplingParams
@@ -209,6 +210,10 @@ def test_bad_logit_bias_lists(raw: list[object], words: str) -> None:
 PIECES = {1: b"The", 2: b" end", 3: b"\n\nUser", 4: b":", 5: b" caf", 6: b"\xc3", 7: b"\xa9"}
 
 
+def spell(tokens: Sequence[int]) -> str:  # as native.Model.text, over PIECES
+    return b"".join(PIECES[t] for t in tokens).decode("utf-8", errors="replace")
+
+
 def result(content: str, tokens: list[int], reason: FinishReason | None) -> NativeResult:
     out = NativeResult(0, parts=[content], tokens=tokens)
     out.finish_reason = reason
@@ -241,7 +246,7 @@ def test_stop_type_and_stopping_word(
     stops: list[str],
     expected: tuple[str, str],
 ) -> None:
-    assert stop_info(result(content, tokens, reason), stops, PIECES.__getitem__) == expected
+    assert stop_info(result(content, tokens, reason), stops, spell) == expected
 
 
 # -- the chat template for a model without one ----------------------------------------------------

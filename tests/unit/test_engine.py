@@ -304,3 +304,11 @@ def test_the_runtime_delivers_the_engine_outputs_and_a_reader_leaving_aborts() -
     tokens, freed = asyncio.run(scenario())
     assert tokens == {i: expected(prompt, i, 5) for i in range(2)}
     assert freed and engine.scheduler.budget.live == 0
+
+
+def test_warm_up_without_a_bos_token_uses_a_valid_one() -> None:
+    """A model without a BOS token reports -1 (SmolLM2 has one; others do not)."""
+    engine, ctx = make_engine()
+    engine.model.bos = -1  # type: ignore[misc]
+    engine.warm_up()
+    assert ctx.warmed_with == 0

@@ -143,3 +143,31 @@ def test_the_engine_knows_nothing_of_the_api_or_the_settings() -> None:
         and package_of(target) in ("api", "config", "loader", "cli")
     }
     assert reaches == set()
+
+
+# Inside api/, a request's path: schemas → input → service / render → routes → app.
+API_STAGES = {"schemas": 0, "input": 1, "service": 2, "render": 2, "routes": 3, "app": 4}
+
+
+def api_stage(module: str) -> str | None:
+    """llama_srb.api.input.prompts → input; llama_srb.api.service → service; None for the
+    shared pieces (errors, state, workers, metrics, …) that any stage may use."""
+    parts = module.split(".")
+    if parts[:2] != [PACKAGE, "api"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in API_STAGES else None
+
+
+def test_the_api_reads_along_a_requests_path() -> None:
+    backwards = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        for target in targets
+        if (here := api_stage(module)) is not None
+        and (there := api_stage(target)) is not None
+        and (
+            API_STAGES[there] > API_STAGES[here]
+            or (here != there and API_STAGES[here] == API_STAGES[there])
+        )
+    ]
+    assert backwards == []

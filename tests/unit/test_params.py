@@ -1,6 +1,6 @@
 import pytest
 
-from llama_srb.api.protocol import CompletionRequest
+from llama_srb.api.schemas.completions import CompletionRequest
 from llama_srb.sampling.params import ParamError, SamplingParams
 
 

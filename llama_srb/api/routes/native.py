@@ -10,20 +10,17 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from llama_srb.api import dialects
-from llama_srb.api.body import body_spec, parsed
-from llama_srb.api.constraints import request_params
-from llama_srb.api.native_format import NativeCall, NativeOptions, generation_settings
-from llama_srb.api.native_protocol import NativeCompletionRequest
-from llama_srb.api.prompts import Prompt, build_all, count_prompts, merge, parse_prompts
-from llama_srb.api.routes.chat import default_max_tokens
-from llama_srb.api.serving import check_request, discard, generate, sse_response, until_disconnect
+from llama_srb.api.input.body import body_spec, parsed
+from llama_srb.api.input.params import native_params, sampler_list
+from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
+from llama_srb.api.render.native import NativeCall, NativeOptions, generation_settings
+from llama_srb.api.render.sse import sse_response
+from llama_srb.api.schemas.native import NativeCompletionRequest
+from llama_srb.api.service import build_all, check_request, discard, submit, until_disconnect
 from llama_srb.api.state import AppState
 from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.native import Model
-from llama_srb.sampling.params import ParamError, SamplingParams
-
-MAX_N_PROBS = 20  # as OpenAI's logprobs: each one is a sort of the vocabulary's top
+from llama_srb.sampling.params import SamplingParams
 
 
 def native_router(state: AppState) -> APIRouter:
@@ -41,7 +38,11 @@ def native_router(state: AppState) -> APIRouter:
             prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
             longest = max(len(p.tokens) for p in prompts)
             params = native_params(body, model, loaded.n_ctx, longest)
-            return prompts, params, build_all(loaded, body.n, prompts, params, "cmpl")
+            return (
+                prompts,
+                params,
+                build_all(loaded, body.n, prompts, params, "cmpl", best_of=body.best_of),
+            )
 
         prompts, params, requests = await state.workers.run(
             prepare, lambda built: discard(built[2])
@@ -55,8 +56,8 @@ def native_router(state: AppState) -> APIRouter:
             stream=body.stream,
             samplers=tuple(sampler_list(body)),
         )
-        call = NativeCall(options, params, prompts, model.piece)
-        outputs = merge([generate(state, request) for request in requests])
+        call = NativeCall(options, params, prompts, model)
+        outputs = submit(state, requests)
         if body.stream:
             return sse_response(call.events(outputs))
         return JSONResponse(await until_disconnect(http, call.collect(outputs)))
@@ -106,30 +107,6 @@ def native_router(state: AppState) -> APIRouter:
         )
 
     return router
-
-
-def sampler_list(body: NativeCompletionRequest) -> list[str]:
-    return dialects.sampler_names(body.samplers) if body.samplers is not None else []
-
-
-def native_params(
-    body: NativeCompletionRequest, model: Model, n_ctx: int, prompt_len: int
-) -> SamplingParams:
-    """SamplingParams from llama.cpp's fields: `n_predict` -1 (or none) is what fits in
-    the context, shared by the n results, up to the chat default's cap; `samplers` turns
-    off those it leaves out."""
-    if not 0 <= body.n_probs <= MAX_N_PROBS:
-        raise ParamError("n_probs", f"n_probs must be in [0, {MAX_N_PROBS}], got {body.n_probs}")
-    if body.n_predict is not None and body.n_predict < -1:
-        raise ParamError("n_predict", f"n_predict must be -1 or more, got {body.n_predict}")
-    max_tokens = body.n_predict
-    if max_tokens is None or max_tokens == -1:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n)
-    logprobs = body.n_probs if body.n_probs > 0 else None
-    params = request_params(body, model, n_ctx, max_tokens=max_tokens, logprobs=logprobs)
-    if body.samplers is not None:
-        params = dialects.only_samplers(params, sampler_list(body))
-    return params
 
 
 def _special(model: Model, token: int) -> str:

@@ -9,17 +9,17 @@ and `timings`. Without streaming each result is one object; several make a JSON 
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_srb.api.choices import choice_index
-from llama_srb.api.errors import APIError, sse_error
-from llama_srb.api.logprob_format import Piece
-from llama_srb.api.prompts import Prompt
+from llama_srb.api.errors import APIError
+from llama_srb.api.input.prompts import Prompt
+from llama_srb.api.render.choices import choice_index, prompt_position
+from llama_srb.api.render.logprobs import Vocabulary
+from llama_srb.api.render.sse import error_event, event
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.sequence import FinishReason
 from llama_srb.sampling.logprobs import TokenLogprob
@@ -76,7 +76,7 @@ class NativeCall:
     options: NativeOptions
     params: SamplingParams
     prompts: Sequence[Prompt]
-    piece: Piece
+    vocab: Vocabulary
     started: float = field(default_factory=time.perf_counter)
     results: dict[int, NativeResult] = field(default_factory=dict)
     cached: dict[int, int] = field(default_factory=dict)  # per prompt position
@@ -88,7 +88,7 @@ class NativeCall:
         self.cached[position] = out.cached_tokens
         seen = []
         for delta in out.choices:
-            index = choice_index(position, self.options.n, delta)
+            index = choice_index(position, self.options.n, delta.index)
             result = self.results.setdefault(index, NativeResult(index))
             result.add(delta, now)
             seen.append((result, delta))
@@ -109,18 +109,18 @@ class NativeCall:
         `[DONE]`: llama-server's native stream just ends."""
         async for position, out in outputs:
             if out.error is not None:
-                yield sse_error(out.error)
+                yield error_event(out.error)
                 return
             for result, delta in self._deltas(position, out):
                 if delta.text or delta.token_ids:
-                    yield _sse(self.partial(result, delta))
+                    yield event(self.partial(result, delta))
                 if delta.finish_reason is not None:
-                    yield _sse(self.final(result))
+                    yield event(self.final(result))
 
     # -- rendering ------------------------------------------------------------------------
 
     def _position(self, result: NativeResult) -> int:
-        return result.index // self.options.n
+        return prompt_position(result.index, self.options.n)
 
     def partial(self, result: NativeResult, delta: ChoiceDelta) -> dict[str, Any]:
         event: dict[str, Any] = {
@@ -138,7 +138,7 @@ class NativeCall:
 
     def final(self, result: NativeResult) -> dict[str, Any]:
         prompt = self.prompts[self._position(result)]
-        stop_type, word = stop_info(result, self.params.stop, self.piece)
+        stop_type, word = stop_info(result, self.params.stop, self.vocab.text)
         stream = self.options.stream
         content = "" if stream else result.content  # a stream sent it already
         body: dict[str, Any] = {
@@ -199,7 +199,7 @@ class NativeCall:
         ]
 
     def _token(self, token: int, logprob: float) -> dict[str, Any]:
-        raw = self.piece(token)
+        raw = self.vocab.piece(token)
         value = math.exp(logprob) if self.options.post_sampling_probs else logprob
         return {
             "id": token,
@@ -209,7 +209,9 @@ class NativeCall:
         }
 
 
-def stop_info(result: NativeResult, stops: Sequence[str], piece: Piece) -> tuple[str, str]:
+def stop_info(
+    result: NativeResult, stops: Sequence[str], text: Callable[[Sequence[int]], str]
+) -> tuple[str, str]:
     """llama-server's `stop_type` ("eos", "word", "limit", or "none" while running) and
     `stopping_word`. A stop string ends a result right after the text it held back: the
     result's own tokens spell its content, then the stop string."""
@@ -217,7 +219,7 @@ def stop_info(result: NativeResult, stops: Sequence[str], piece: Piece) -> tuple
         return "limit", ""
     if result.finish_reason is not FinishReason.STOP:
         return "none", ""
-    spelled = b"".join(piece(t) for t in result.tokens).decode("utf-8", errors="replace")
+    spelled = text(result.tokens)
     tail = spelled[len(result.content) :]
     if tail and stops:
         word = next((s for s in stops if tail.startswith(s)), None)
@@ -286,7 +288,3 @@ DEFAULT_SAMPLERS = (
     "xtc",
     "temperature",
 )
-
-
-def _sse(payload: object) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"

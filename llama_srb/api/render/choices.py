@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from llama_srb.api.protocol import Usage
+from llama_srb.api.schemas.completions import Usage
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.sampling.logprobs import TokenLogprob
 
@@ -56,8 +56,14 @@ class Gathered:
     error: str | None = None
 
 
-def choice_index(position: int, n: int, delta: ChoiceDelta) -> int:
-    return position * n + delta.index
+def choice_index(position: int, n: int, branch: int) -> int:
+    """The client's index of prompt `position`'s branch `branch` (its ChoiceDelta.index)."""
+    return position * n + branch
+
+
+def prompt_position(index: int, n: int) -> int:
+    """The prompt a client's choice `index` continues: choice_index's inverse."""
+    return index // n
 
 
 async def gather(
@@ -70,7 +76,7 @@ async def gather(
     )
     async for position, out in outputs:
         for delta in out.choices:
-            result.choices[choice_index(position, n, delta)].add(delta)
+            result.choices[choice_index(position, n, delta.index)].add(delta)
         if out.prompt_logprobs is not None:
             result.prompt_logprobs[position] = out.prompt_logprobs
         result.usage.add(position, out)

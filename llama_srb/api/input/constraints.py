@@ -1,7 +1,7 @@
 """What constrains a request's output: a grammar (GBNF, JSON, a JSON schema) and logit bias.
 
-Turned into SamplingParams here, in the HTTP thread, so that a bad schema or bias is a
-400 that says what is wrong before anything is queued. The JSON-schema→GBNF converter is
+Checked here, while the request is prepared (input/params.py), so that a bad schema or
+bias is a 400 that says what is wrong before anything is queued. The JSON-schema→GBNF converter is
 the one llama-cpp-python ships; llama.cpp's grammar sampler then enforces it per branch.
 """
 
@@ -14,32 +14,15 @@ from typing import Any
 
 from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
-from llama_srb.api.protocol import SamplingFields
-from llama_srb.native import Model
+from llama_srb.api.schemas.sampling import SamplingFields
+from llama_srb.native import vocab_error
 from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
-from llama_srb.sampling.params import ParamError, SamplingParams
+from llama_srb.sampling.params import ParamError
 
 MAX_BIAS = 100.0  # OpenAI's range: ±100, where -100 bans a token and 100 all but forces it
 # Each branch's chain holds a copy; more entries than this is a vocabulary dump, not a bias.
 MAX_BIAS_ENTRIES = 4096
 MAX_BIAS_TEXT = 512  # a text in llama.cpp's list form is tokenized: bounded like a stop
-
-
-def request_params(
-    body: SamplingFields, model: Model, n_ctx: int, **overrides: Any
-) -> SamplingParams:
-    """The request's SamplingParams, its constraints included; ParamError when invalid."""
-    params = body.sampling_params(
-        logit_bias=logit_bias(body.logit_bias, model.n_vocab, _text_tokens(model)),
-        grammar=grammar_for(body),
-        **overrides,
-    )
-    params.check_model_limits(model.n_vocab, n_ctx)
-    return params
-
-
-def _text_tokens(model: Model) -> Callable[[str], list[int]]:
-    return lambda text: model.tokenize(text, add_special=False, parse_special=False)
 
 
 def grammar_for(body: SamplingFields) -> str | None:
@@ -148,10 +131,9 @@ def logit_bias(
                 raise ParamError("logit_bias", "logit_bias texts are not taken here")
             pairs += [(token, value) for token in tokenize(key)]
             continue
-        if not 0 <= key < n_vocab:
-            raise ParamError(
-                "logit_bias", f"logit_bias token {key} is not in the vocabulary [0, {n_vocab})"
-            )
+        error = vocab_error([key], n_vocab)
+        if error is not None:
+            raise ParamError("logit_bias", f"logit_bias: {error}")
         pairs.append((key, value))
     if len(pairs) > MAX_BIAS_ENTRIES:
         raise ParamError(

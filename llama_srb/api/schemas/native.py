@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from llama_srb.api import dialects
-from llama_srb.api.protocol import SamplingFields, is_prompt
+from llama_srb.api.schemas import dialects
+from llama_srb.api.schemas.sampling import PromptField, SamplingFields
 
 
 class NativeCompletionRequest(SamplingFields):
     ALIASES: ClassVar[dialects.Aliases] = dialects.NATIVE_ALIASES
 
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+    prompt: PromptField = Field(
         ...,
         description="the text to continue: a string, a token-id list, or a list of either"
         " (each prompt gets n results)",
@@ -37,13 +37,3 @@ class NativeCompletionRequest(SamplingFields):
     )
     cache_prompt: bool = Field(True, description="accepted; the prefix cache is always used")
     return_tokens: bool = Field(False, description="each result's token ids in `tokens`")
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _prompt_shape(cls, value: object) -> object:
-        if not is_prompt(value):
-            raise ValueError(
-                "prompt must be a string, a list of strings, a list of token ids,"
-                " or a list of token-id lists"
-            )
-        return value

@@ -1,18 +1,28 @@
-"""Pydantic models of the OpenAI API as this server speaks it (requests, responses, chunks)."""
+"""The request fields every generation route shares: the sampler settings, the output
+constraints and the prompt's shape, with other servers' names mapped (dialects.py)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-from llama_srb.api import dialects
+from llama_srb.api.schemas import dialects
 from llama_srb.sampling.params import SamplingParams
 
 # Passed through as the client sent them. logit_bias and grammar need the vocabulary and
-# the JSON-schema converter (api/constraints.py); logprobs differs between the routes.
-_SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {
+# the JSON-schema converter (api/input/constraints.py); logprobs differs between the routes.
+# Each is declared below with a None default, so that SamplingParams' default rules; a
+# unit test (tests/unit/test_api_schemas.py) checks that none is missing.
+SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {
     "logit_bias",
     "grammar",
     "logprobs",
@@ -47,7 +57,7 @@ class SamplingFields(BaseModel):
     of `SamplingParams` (llama.cpp's), so each default is declared in one place."""
 
     # Clients such as SillyTavern send many fields of other servers: the ones that mean
-    # ours are renamed (api/dialects.py), the rest accepted and ignored.
+    # ours are renamed (dialects.py), the rest accepted and ignored.
     model_config = ConfigDict(extra="ignore")
     ALIASES: ClassVar[dialects.Aliases] = dialects.SAMPLING_ALIASES
 
@@ -94,6 +104,28 @@ class SamplingFields(BaseModel):
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output must match (llama.cpp's extension)"
     )
+    # Choosing between branches (README, "Choosing between branches").
+    banned_strings: list[str] | None = Field(
+        None,
+        description="phrases no choice may contain: a branch that writes one is taken back"
+        " to the token where it began, which is banned there, and samples again",
+    )
+    banned_strings_case_sensitive: bool | None = Field(
+        None, description="match banned_strings with case (default: without)"
+    )
+    distinct_openings: bool | None = Field(
+        None, description="every choice of a prompt starts with a different first token"
+    )
+    choices_params: list[dict[str, Any]] | None = Field(
+        None,
+        description="per-choice sampler settings: entry i overrides the request's own for"
+        " choice i (temperature, top_p, min_p, xtc_probability, ...)",
+    )
+    best_of: int | None = Field(
+        None,
+        description="branches to decode (n to --max-n); the n with the highest mean token"
+        " logprob are returned, best first; not with stream",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -109,7 +141,7 @@ class SamplingFields(BaseModel):
         """SamplingParams from the fields the client set; raises ParamError when out of range."""
         values = {
             name: getattr(self, name)
-            for name in _SAMPLING_FIELDS & self.model_fields_set
+            for name in SAMPLING_FIELDS & self.model_fields_set
             if getattr(self, name) is not None
         }
         if isinstance(self.stop, str):
@@ -118,38 +150,22 @@ class SamplingFields(BaseModel):
             values["stop"] = tuple(self.stop)
         if self.dry_sequence_breakers is not None:
             values["dry_sequence_breakers"] = tuple(self.dry_sequence_breakers)
+        if self.banned_strings is not None:
+            values["banned_strings"] = tuple(self.banned_strings)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)
+
+    @property
+    def branches(self) -> int:
+        """Branches each prompt decodes: n, or best_of when it asks for more."""
+        return max(self.n, self.best_of or 0)
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
-class CompletionRequest(SamplingFields):
-    ALIASES: ClassVar[dialects.Aliases] = dialects.COMPLETION_ALIASES
-
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        ...,
-        description="the text to continue: a string, a token-id list, or a list of either"
-        " (each prompt gets n choices)",
-    )
-    max_tokens: int | None = Field(16, description="tokens to generate per choice")
-    echo: bool = Field(False, description="return the prompt before the completion")
-    logprobs: int | None = Field(
-        None, description="log-probabilities of each token and of this many alternatives"
-    )
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _prompt_shape(cls, value: object) -> object:
-        # One clear message instead of one error per member of the union.
-        if not is_prompt(value):
-            raise ValueError(
-                "prompt must be a string, a list of strings, a list of token ids,"
-                " or a list of token-id lists"
-            )
-        return value
+RawPrompt = str | list[str] | list[int] | list[list[int]]
 
 
 def _is_token_list(value: object) -> bool:
@@ -158,64 +174,19 @@ def _is_token_list(value: object) -> bool:
     )
 
 
-def is_prompt(value: object) -> bool:
+def _prompt_shape(value: object) -> object:
+    # One clear message instead of one error per member of the union.
     if isinstance(value, str) or _is_token_list(value):
-        return True
-    return isinstance(value, list) and (
+        return value
+    if isinstance(value, list) and (
         all(isinstance(p, str) for p in value) or all(_is_token_list(p) for p in value)
+    ):
+        return value
+    raise ValueError(
+        "prompt must be a string, a list of strings, a list of token ids,"
+        " or a list of token-id lists"
     )
 
 
-class CompletionLogprobs(BaseModel):
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None]
-    text_offset: list[int]
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int = 0  # prompt tokens forked from the prefix cache, not computed
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
-        )
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
-
-
-class Completion(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "llama-srb"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
+# `prompt` of /v1/completions and /completion: a text, token ids, or a list of either.
+PromptField = Annotated[RawPrompt, BeforeValidator(_prompt_shape)]

@@ -4,12 +4,20 @@ of objects. Token ids become the text a client sees (special tokens: empty)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
-from llama_srb.api.chat_protocol import TokenLogprobOut, TopLogprob
-from llama_srb.api.protocol import CompletionLogprobs
+from llama_srb.api.schemas.chat import TokenLogprobOut, TopLogprob
+from llama_srb.api.schemas.completions import CompletionLogprobs
 from llama_srb.sampling.logprobs import TokenLogprob
 
 Piece = Callable[[int], bytes]
+
+
+class Vocabulary(Protocol):
+    """What rendering needs of the model: a token's bytes, and tokens' text (native.Model)."""
+
+    def piece(self, token: int) -> bytes: ...
+    def text(self, tokens: Sequence[int]) -> str: ...
 
 
 def token_str(piece: Piece, token: int) -> str:

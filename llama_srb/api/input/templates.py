@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from llama_srb.api.chat_template import ChatTemplate, ChatTemplateError
 from llama_srb.api.errors import APIError
+from llama_srb.api.input.chat_template import ChatTemplate, ChatTemplateError
 from llama_srb.native import Model
 
 log = logging.getLogger(__name__)

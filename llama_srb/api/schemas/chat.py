@@ -6,8 +6,9 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from llama_srb.api import dialects
-from llama_srb.api.protocol import SamplingFields, Usage
+from llama_srb.api.schemas import dialects
+from llama_srb.api.schemas.completions import Usage
+from llama_srb.api.schemas.sampling import SamplingFields
 
 
 class ChatMessage(BaseModel):

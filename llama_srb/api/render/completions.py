@@ -1,0 +1,125 @@
+"""Engine outputs → /v1/completions' answer: the SSE chunks of a stream, or the choices of
+a whole completion. A call with p prompts and `n` has p*n choices (render/choices.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from llama_srb.api.input.prompts import Prompt
+from llama_srb.api.render.choices import (
+    ChoiceResult,
+    Gathered,
+    UsageTally,
+    choice_index,
+    prompt_position,
+)
+from llama_srb.api.render.logprobs import Piece, completion_logprobs, concat
+from llama_srb.api.render.sse import DONE, ChunkStream, error_event
+from llama_srb.api.schemas.completions import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
+from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.sampling.logprobs import TokenLogprob
+
+
+@dataclass
+class CompletionStream(ChunkStream):
+    """SSE events of a /v1/completions stream: with `echo`, each prompt's text first; then,
+    per engine step, one chunk for each choice that advanced; a usage chunk on request,
+    then `[DONE]`."""
+
+    prompts: Sequence[Prompt] = ()
+    echo: bool = False
+    object_name = "text_completion"
+    # per choice: where its next token's text starts in the choice's text (text_offset)
+    _offsets: dict[int, int] = field(default_factory=dict, init=False)
+
+    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        usage = UsageTally()
+        echoed: set[int] = set()
+        async for position, out in outputs:
+            if out.error is not None:
+                yield error_event(out.error)
+                break
+            if self.echo and position not in echoed:
+                echoed.add(position)
+                yield self._each(self._echo(position, out))
+            usage.add(position, out)
+            choices = [
+                self._choice(position, d)
+                for d in out.choices
+                if d.text or d.finish_reason is not None or d.logprobs
+            ]
+            if choices:
+                yield self._each(choices)
+        if self.include_usage and usage.latest:
+            yield self._usage(usage)
+        yield DONE
+
+    def _echo(self, position: int, out: RequestOutput) -> list[dict[str, object]]:
+        prompt = self.prompts[position]
+        logprobs = None
+        if self.piece is not None and out.prompt_logprobs is not None:
+            entries = list(zip(prompt.tokens, out.prompt_logprobs, strict=True))
+            logprobs = completion_logprobs(entries, self.piece, 0)[0].model_dump()
+        return [
+            {
+                "index": choice_index(position, self.n, i),
+                "text": prompt.text,
+                "logprobs": logprobs,
+                "finish_reason": None,
+            }
+            for i in range(self.n)
+        ]
+
+    def _choice(self, position: int, delta: ChoiceDelta) -> dict[str, object]:
+        index = choice_index(position, self.n, delta.index)
+        logprobs = None
+        if self.piece is not None and delta.logprobs:
+            offset = self._offsets.get(index, len(self.prompts[position].text) if self.echo else 0)
+            entries = [(e.token, e) for e in delta.logprobs]
+            formatted, self._offsets[index] = completion_logprobs(entries, self.piece, offset)
+            logprobs = formatted.model_dump()
+        reason = delta.finish_reason.value if delta.finish_reason else None
+        return {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def completion_choices(
+    result: Gathered, prompts: list[Prompt], body: CompletionRequest, piece: Piece | None
+) -> list[CompletionChoice]:
+    choices = []
+    for choice in result.choices:
+        position = prompt_position(choice.index, body.n)
+        prompt = prompts[position]
+        scores = result.prompt_logprobs[position] if body.echo else None
+        choices.append(
+            CompletionChoice(
+                index=choice.index,
+                text=prompt.text + choice.text if body.echo else choice.text,
+                logprobs=_logprobs(choice, prompt, body.echo, scores, piece) if piece else None,
+                finish_reason=choice.finish_reason,
+            )
+        )
+    return choices
+
+
+def _logprobs(
+    choice: ChoiceResult,
+    prompt: Prompt,
+    echo: bool,
+    scores: list[TokenLogprob | None] | None,
+    piece: Piece,
+) -> CompletionLogprobs:
+    """The choice's tokens (after the prompt's, with echo). `text_offset` indexes the
+    choice's own `text`, as vLLM, Aphrodite and TabbyAPI answer and SillyTavern parses it
+    (parseTabbyLogprobs cuts each token out of `choices[0].text`); with echo that text
+    starts with the prompt, which is OpenAI's convention too."""
+    generated = [(e.token, e) for e in choice.logprobs]
+    tail = completion_logprobs(generated, piece, len(prompt.text) if echo else 0)[0]
+    if scores is None:
+        return tail
+    head = completion_logprobs(list(zip(prompt.tokens, scores, strict=True)), piece, 0)[0]
+    return concat(head, tail)

@@ -1,0 +1,190 @@
+"""Choosing between branches on the real model and server: banned phrases with rewinds,
+best_of, distinct openings and per-branch settings, on each generation route."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import httpx
+
+from llama_srb.testing import RunningServer
+
+STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
+
+
+def post(server: RunningServer, path: str, **body: object) -> Any:
+    response = httpx.post(f"{server.base_url}{path}", json=body, timeout=600)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def complete(server: RunningServer, **body: object) -> dict[str, Any]:
+    return post(server, "/v1/completions", **{"prompt": STORY, **body})  # type: ignore[no-any-return]
+
+
+def texts(out: dict[str, Any]) -> list[str]:
+    return [c["text"] for c in out["choices"]]
+
+
+def fresh_prompt() -> str:
+    """The story under a heading of its own. Requests that compare their outputs then share
+    the cells of one computation of their prompt (prompt cells computed apart, in batches
+    of other shapes, can round a near tie differently)."""
+    return f"Chapter {uuid.uuid4().int % 100_000}. {STORY}"
+
+
+def greedy_phrase(server: RunningServer, prompt: str = STORY) -> tuple[str, str]:
+    """The greedy continuation, and a two-word phrase from it that greedy decoding writes."""
+    greedy = texts(complete(server, prompt=prompt, max_tokens=24, temperature=0))[0]
+    words = greedy.split()
+    assert len(words) >= 4, greedy
+    return greedy, " ".join(words[1:3])
+
+
+def test_a_banned_phrase_never_appears_in_any_branch(server: RunningServer) -> None:
+    prompt = fresh_prompt()
+    greedy, phrase = greedy_phrase(server, prompt)
+    out = complete(server, prompt=prompt, n=8, max_tokens=24, seed=5, banned_strings=[phrase])
+    for choice in out["choices"]:
+        assert phrase.lower() not in choice["text"].lower()
+        assert choice["finish_reason"] in ("length", "stop") and choice["text"].strip()
+    # Greedy decoding, banned from its own phrase, takes another way from where it began.
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "banned_strings": [phrase]}
+    rewound = texts(complete(server, **body))[0]
+    assert phrase.lower() not in rewound.lower() and rewound != greedy
+    assert rewound.startswith(greedy[: greedy.lower().index(phrase.lower())])
+
+
+def test_a_streamed_branch_never_shows_any_of_a_banned_phrase(server: RunningServer) -> None:
+    _, phrase = greedy_phrase(server)
+    shown: dict[int, str] = defaultdict(str)
+    finished: dict[int, str] = {}
+    body = {"prompt": STORY, "n": 8, "max_tokens": 24, "seed": 9, "stream": True}
+    body |= {"banned_strings": [phrase.upper()], "logprobs": 1}  # case does not matter
+    with httpx.stream("POST", f"{server.api_url}/completions", json=body, timeout=600) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                index = choice["index"]
+                shown[index] += choice["text"]
+                assert phrase.lower() not in shown[index].lower()
+                # tokens go out with their text, never ahead of it
+                tokens = (choice.get("logprobs") or {}).get("tokens") or []
+                assert "".join(tokens) == choice["text"]
+                if choice["finish_reason"]:
+                    finished[index] = choice["finish_reason"]
+    assert sorted(finished) == list(range(8)) and all(shown[i] for i in range(8))
+
+
+def test_banned_strings_case_sensitive_lets_other_cases_through(server: RunningServer) -> None:
+    prompt = fresh_prompt()
+    greedy, phrase = greedy_phrase(server, prompt)
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}
+    body["banned_strings"] = [phrase.swapcase()]
+    strict = texts(complete(server, **body, banned_strings_case_sensitive=True))[0]
+    assert strict == greedy  # the phrase as written is another string
+    loose = texts(complete(server, **body))[0]
+    assert phrase.lower() not in loose.lower()
+
+
+def test_best_of_returns_the_n_branches_with_the_highest_mean_logprob(
+    server: RunningServer,
+) -> None:
+    body = {"prompt": fresh_prompt(), "max_tokens": 12, "seed": 21, "logprobs": 1}
+    best = complete(server, n=2, best_of=6, **body)
+    every = complete(server, n=6, **body)  # the same six branches (seeds seed + i)
+
+    def mean(choice: dict[str, Any]) -> float:
+        scores = choice["logprobs"]["token_logprobs"]
+        return sum(scores) / len(scores)
+
+    ranked = sorted(every["choices"], key=lambda c: (-mean(c), c["index"]))
+    assert [c["index"] for c in best["choices"]] == [0, 1]
+    assert texts(best) == [c["text"] for c in ranked[:2]]
+    assert mean(best["choices"][0]) >= mean(best["choices"][1])
+    # Usage counts every generated token, the four branches not returned included.
+    assert best["usage"]["completion_tokens"] == every["usage"]["completion_tokens"]
+
+
+def test_best_of_is_bounded_and_never_streamed(server: RunningServer) -> None:
+    for body, status in [
+        ({"n": 3, "best_of": 2}, 400),
+        ({"n": 1, "best_of": 1000}, 400),
+        ({"n": 1, "best_of": 3, "stream": True}, 400),
+    ]:
+        r = httpx.post(f"{server.api_url}/completions", json={"prompt": STORY, **body}, timeout=60)
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["param"] == "best_of"
+
+
+def test_distinct_openings_start_every_branch_differently(server: RunningServer) -> None:
+    body = {"n": 8, "max_tokens": 3, "seed": 4, "logprobs": 1}
+    out = complete(server, distinct_openings=True, **body)
+    firsts = [c["logprobs"]["tokens"][0] for c in out["choices"]]
+    assert len(set(firsts)) == 8, firsts
+    # Greedy branches too: the 8 most likely first tokens, each continued greedily.
+    greedy = complete(server, distinct_openings=True, **body, temperature=0)
+    assert len({c["logprobs"]["tokens"][0] for c in greedy["choices"]}) == 8
+
+
+def test_per_branch_temperature_zero_gives_that_branch_the_greedy_text(
+    server: RunningServer,
+) -> None:
+    # llama.cpp's sums round differently for batches of other sizes, which can flip a near
+    # tie: the greedy reference runs in a batch of the same shape (4 branches that all run
+    # to max_tokens).
+    body = {"prompt": fresh_prompt(), "n": 4, "max_tokens": 16, "ignore_eos": True}
+    greedy = texts(complete(server, **body, temperature=0))
+    assert len(set(greedy)) == 1
+    out = texts(
+        complete(server, **body, seed=8, temperature=1.2, choices_params=[{}, {"temperature": 0}])
+    )
+    assert out[1] == greedy[0]
+    assert any(text != greedy[0] for i, text in enumerate(out) if i != 1)
+
+
+def test_choices_params_are_validated_like_the_fields(server: RunningServer) -> None:
+    for entries, param in [
+        ([{"temperature": -1}], "choices_params[0].temperature"),
+        ([{}, {"max_tokens": 5}], "choices_params[1].max_tokens"),
+        ([{"top_k": "many"}], "choices_params[0].top_k"),
+    ]:
+        body = {"prompt": STORY, "n": 2, "choices_params": entries}
+        r = httpx.post(f"{server.api_url}/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param
+
+
+def test_chat_and_native_routes_take_the_same_fields(server: RunningServer) -> None:
+    _, phrase = greedy_phrase(server)
+    chat = post(
+        server,
+        "/v1/chat/completions",
+        messages=[{"role": "user", "content": "Tell me about a lighthouse."}],
+        n=3,
+        best_of=4,
+        max_tokens=12,
+        seed=2,
+        distinct_openings=True,
+        choices_params=[{"temperature": 0.5}],
+    )
+    assert [c["index"] for c in chat["choices"]] == [0, 1, 2]
+    native = post(
+        server,
+        "/completion",
+        prompt=STORY,
+        n=3,
+        n_predict=16,
+        seed=3,
+        banned_strings=[phrase],
+        distinct_openings=True,
+        return_tokens=True,
+    )
+    assert len(native) == 3
+    assert len({r["tokens"][0] for r in native}) == 3
+    assert all(phrase.lower() not in r["content"].lower() for r in native)
