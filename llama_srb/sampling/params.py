@@ -101,6 +101,9 @@ class SamplingParams:
     banned_strings_case_sensitive: bool = False
     distinct_openings: bool = False
     choices_params: tuple[Overrides, ...] = ()
+    # llama.cpp's `samplers`: the chain's order by sampler name (sampling/chain.py); ()
+    # is llama.cpp's default order.
+    sampler_order: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.choices_params, tuple) or any(

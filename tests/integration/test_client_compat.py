@@ -1204,6 +1204,25 @@ def test_samplers_choose_the_chain(server: RunningServer) -> None:
     assert letters["generation_settings"]["top_p"] == 1.0
 
 
+def test_samplers_order_the_chain(server: RunningServer) -> None:
+    """llama-server applies `samplers` in the order given (tools/server/README.md): min-p
+    before a high temperature keeps only the tokens near the top of the model's own
+    distribution; after it, the flattened distribution lets more through."""
+    probs = native(server, prompt=STORY, n_predict=1, temperature=0, n_probs=20).json()
+    top = probs["completion_probabilities"][0]["top_logprobs"]
+    best = max(t["logprob"] for t in top)
+    near = {t["id"] for t in top if t["logprob"] >= best + math.log(0.3)}
+    body = {"prompt": STORY, "n_predict": 1, "n": 12, "seed": 5, "return_tokens": True}
+    body |= {"min_p": 0.3, "temperature": 4.0}
+
+    def first_tokens(samplers: list[str]) -> set[int]:
+        results = native(server, **body, samplers=samplers).json()
+        return {r["tokens"][0] for r in results}
+
+    assert first_tokens(["min_p", "temperature"]) <= near
+    assert first_tokens(["temperature", "min_p"]) - near
+
+
 def test_completion_options(server: RunningServer) -> None:
     """cache_prompt false is accepted; return_tokens gives the ids; n_probs the
     probabilities; a prompt of token ids; /completions is the same route."""

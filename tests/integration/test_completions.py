@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
+from llama_srb.testing import RunningServer, run_server
 from tests.helpers import complete
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
+
+
+@pytest.fixture
+def fresh_server(tmp_path: Path, bundled_model: str) -> Iterator[RunningServer]:
+    """A server of its own, for tests that compare two requests' sampled text exactly:
+    where earlier requests left holes in the KV cache changes a request's logits a little
+    (README, Known limits), enough to flip a seeded or greedy token now and then."""
+    with run_server(tmp_path, "--model", bundled_model, "--n-ctx", "4096") as running:
+        yield running
 
 
 def stream_events(server: RunningServer, **body: object) -> list[dict | str]:
@@ -47,10 +58,8 @@ def test_greedy_branches_are_identical(server: RunningServer) -> None:
     assert len(texts) == 1 and texts.pop().strip()
 
 
-def test_branches_decoded_together_match_each_decoded_alone(server: RunningServer) -> None:
-    # Every request below forks the story from the cache, so all take the same path
-    # (see README, Known limits: a cold read may round differently from a cached one).
-    complete(server, prompt=STORY, max_tokens=1)
+def test_branches_decoded_together_match_each_decoded_alone(fresh_server: RunningServer) -> None:
+    server = fresh_server
     together = complete(server, prompt=STORY, n=3, max_tokens=10, seed=1234, ignore_eos=True)
     for choice in together["choices"]:
         alone = complete(
@@ -73,9 +82,8 @@ def test_max_tokens_gives_length(server: RunningServer) -> None:
     assert out["usage"]["completion_tokens"] == 6
 
 
-def test_stop_strings_never_leak_even_split_across_tokens(server: RunningServer) -> None:
-    # Both requests fork the story from the cache: the same path, the same greedy text.
-    complete(server, prompt=STORY, max_tokens=1)
+def test_stop_strings_never_leak_even_split_across_tokens(fresh_server: RunningServer) -> None:
+    server = fresh_server
     base = complete(server, prompt=STORY, max_tokens=24, temperature=0, ignore_eos=True)
     text = base["choices"][0]["text"]
     # A stop string that starts inside one token and ends inside a later one.

@@ -15,7 +15,7 @@ from llama_srb.api.schemas.sampling import SAMPLING_FIELDS, SamplingFields
 from llama_srb.sampling.params import SamplingParams
 
 # Declared by each route under its own name and default (max_tokens, n_predict, ...).
-PER_ROUTE = {"max_tokens"}
+PER_ROUTE = {"max_tokens", "sampler_order"}  # sampler_order: from /completion's `samplers`
 # Request fields that are not sampler settings passed through as they are.
 NOT_PASSED_THROUGH = {
     "model",

@@ -78,7 +78,7 @@ def native_params(
 ) -> SamplingParams:
     """SamplingParams from llama.cpp's fields: `n_predict` -1 (or none) is what fits in
     the context, shared by the n results, up to the chat default's cap; `samplers` turns
-    off those it leaves out."""
+    off those it leaves out and orders the rest."""
     if not 0 <= body.n_probs <= MAX_N_PROBS:
         raise ParamError("n_probs", f"n_probs must be in [0, {MAX_N_PROBS}], got {body.n_probs}")
     if body.n_predict is not None and body.n_predict < -1:
@@ -89,5 +89,8 @@ def native_params(
     logprobs = body.n_probs if body.n_probs > 0 else None
     params = request_params(body, model, n_ctx, max_tokens=max_tokens, logprobs=logprobs)
     if body.samplers is not None:
-        params = dialects.only_samplers(params, sampler_list(body))
+        names = sampler_list(body)
+        params = dataclasses.replace(
+            dialects.only_samplers(params, names), sampler_order=tuple(names)
+        )
     return params

@@ -167,8 +167,8 @@ _OFF: Mapping[str, dict[str, Any]] = {
 
 def only_samplers(params: SamplingParams, names: Sequence[str]) -> SamplingParams:
     """`params` with every sampler that `names` leaves out turned off, as llama-server
-    does with its `samplers` list. The chain keeps llama.cpp's default order whatever the
-    list's order (it is built in that order, in C). Mirostat ignores the list, as there.
+    does with its `samplers` list (whose order SamplingParams.sampler_order keeps).
+    Mirostat ignores the list, as there.
     Without "temperature", sampling is from the unscaled distribution (temperature 1)."""
     if params.mirostat:
         return params
