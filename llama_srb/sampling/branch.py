@@ -14,7 +14,13 @@ import numpy.typing as npt
 
 from llama_srb.native import Model, SamplerChain
 from llama_srb.sampling.chain import build_chains, history_samplers
-from llama_srb.sampling.grammar import GRAMMAR_COMPLETE, TOKEN_DATA, ConstrainedChain, token_ids
+from llama_srb.sampling.grammar import (
+    GRAMMAR_COMPLETE,
+    TOKEN_DATA,
+    ConstrainedChain,
+    candidates,
+    token_ids,
+)
 from llama_srb.sampling.params import SamplingParams
 
 Row = npt.NDArray[np.float32]
@@ -75,16 +81,7 @@ class BranchSampler:
         taken (the filters are relaxed for this one draw). Accepted like `sample`."""
         if isinstance(self.chain, ConstrainedChain):
             return self._constrained_opening(self.chain, row, taken)
-        data = np.empty(len(row), TOKEN_DATA)
-        data["id"] = token_ids(len(row))
-        data["logit"] = row
-        data["p"] = 0.0
-        array = C.llama_token_data_array(
-            data=data.ctypes.data_as(C.llama_token_data_p),
-            size=len(data),
-            selected=-1,
-            sorted=False,
-        )
+        data, array = candidates(row, token_ids(len(row)))
         C.llama_sampler_apply(self.chain.ptr, ctypes.byref(array))
         # Filters may move the array's start (XTC drops the top) as well as shorten it.
         address = ctypes.cast(array.data, ctypes.c_void_p).value or 0

@@ -137,6 +137,21 @@ def token_ids(n_vocab: int) -> npt.NDArray[np.int32]:
     return np.arange(n_vocab, dtype=np.int32)
 
 
+def candidates(
+    logits: npt.NDArray[np.float32], ids: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.void], C.llama_token_data_array]:
+    """llama.cpp's candidate array over `ids` with their `logits`, and the numpy buffer
+    behind it (keep it alive while the array is used)."""
+    data = np.empty(len(ids), TOKEN_DATA)
+    data["id"] = ids
+    data["logit"] = logits
+    data["p"] = 0.0
+    array = C.llama_token_data_array(
+        data=data.ctypes.data_as(C.llama_token_data_p), size=len(data), selected=-1, sorted=False
+    )
+    return data, array
+
+
 class ConstrainedChain:
     """A sampler chain whose every token is one the grammar allows."""
 
@@ -184,16 +199,10 @@ class ConstrainedChain:
     ) -> int:
         """Apply the grammar (if `constrained`) and the chain to the candidates `ids`
         (None: the whole vocabulary) and return the chain's pick."""
-        data = np.empty(self.n_vocab if ids is None else len(ids), TOKEN_DATA)
-        data["id"] = token_ids(self.n_vocab) if ids is None else ids
-        data["logit"] = logits if ids is None else logits[ids]
-        data["p"] = 0.0
-        array = C.llama_token_data_array(
-            data=data.ctypes.data_as(C.llama_token_data_p),
-            size=len(data),
-            selected=-1,
-            sorted=False,
-        )
+        if ids is None:
+            data, array = candidates(logits, token_ids(self.n_vocab))
+        else:
+            data, array = candidates(logits[ids], ids)
         if constrained:
             C.llama_sampler_apply(self.grammar, ctypes.byref(array))
             if not np.isfinite(data["logit"]).any():

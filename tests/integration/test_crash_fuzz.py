@@ -79,6 +79,19 @@ SAMPLERS: dict[str, st.SearchStrategy[object]] = {
     "logit_bias": edge(
         {"0": 100}, {"1": -100}, *({str(t): 1} for t in PAST_VOCAB), {"-1": 1}, {"2": 101}
     ),
+    # Choosing between branches: rewinds (also under a grammar), ranking, first-token draws
+    # and per-branch chains.
+    "banned_strings": edge(["a"], [" ", "b"], ["\ud800"], [""], ["x" * 257], ["a"] * 129),
+    "banned_strings_case_sensitive": st.booleans(),
+    "best_of": edge(1, 4, 5, 0, 10**9),
+    "distinct_openings": st.booleans(),
+    "choices_params": edge(
+        [{"temperature": 0}],
+        [{}, {"top_k": 10**9, "xtc_probability": 1}],
+        [{"mirostat": 2}, {"dry_multiplier": 100, "dry_allowed_length": 2**40}],
+        [{"seed": 1}],
+        [{"temperature": 1e308}] * 9,
+    ),
 }
 
 PROMPTS: st.SearchStrategy[object] = st.one_of(

@@ -22,6 +22,7 @@ from llama_srb.api.render.logprobs import Vocabulary
 from llama_srb.api.render.sse import error_event, event
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.sequence import FinishReason
+from llama_srb.sampling.chain import DEFAULT_ORDER
 from llama_srb.sampling.logprobs import TokenLogprob
 from llama_srb.sampling.params import SamplingParams
 
@@ -269,22 +270,8 @@ def generation_settings(params: SamplingParams, options: NativeOptions) -> dict[
         "min_keep": 0,
         "min_tokens": params.min_tokens,
         "grammar": params.grammar or "",
-        "samplers": list(options.samplers or DEFAULT_SAMPLERS),
+        "samplers": list(options.samplers or DEFAULT_ORDER),
         "post_sampling_probs": options.post_sampling_probs,
         "timings_per_token": False,
         "n": options.n,
     }
-
-
-# llama.cpp's default chain, the order this server's chains always follow
-DEFAULT_SAMPLERS = (
-    "penalties",
-    "dry",
-    "top_n_sigma",
-    "top_k",
-    "typ_p",
-    "top_p",
-    "min_p",
-    "xtc",
-    "temperature",
-)
