@@ -41,7 +41,9 @@ class BestOf:
             whole.text += delta.text
             whole.token_ids.extend(delta.token_ids)
             if delta.logprobs:
-                whole.logprobs = (whole.logprobs or []) + delta.logprobs
+                if whole.logprobs is None:
+                    whole.logprobs = []
+                whole.logprobs.extend(delta.logprobs)
             whole.finish_reason = delta.finish_reason or whole.finish_reason
         if request.status is not RequestStatus.FINISHED:
             return []
