@@ -17,7 +17,6 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llama_srb.api.errors import install_error_handlers
-from llama_srb.api.input.body import document_bodies
 from llama_srb.api.metrics import EngineCollector
 from llama_srb.api.middleware import install_middleware
 from llama_srb.api.routes.chat import chat_router
@@ -30,6 +29,7 @@ from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.state import AppState
+from llama_srb.api.workers import document_bodies
 from llama_srb.config import Settings
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"

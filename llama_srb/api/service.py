@@ -1,36 +1,43 @@
-"""A generation request's way through the server, for every route: the cheap checks, the
-engine requests built (sampler chains and all; a worker thread's job), submitted, and their
-outputs as one stream; a disconnect aborts them.
+"""A generation request's way through the server, for every route: the cheap checks before
+anything is built (input/params.py builds the engine requests), then `submit`: the engine
+requests submitted and their outputs as one stream, each request logged once it ends; a
+disconnect aborts them.
 
 Refusals come before anything is built, so they cost nothing: a full queue (429) or a
 shutdown (503). Admission itself (live sequences, KV cells, strict arrival order) is the
 scheduler's business; this only bounds how many accepted requests may wait for it.
+
+The log line is JSON (easy to grep and to ship): id, n, prompt/cached/generated tokens,
+time to first token, total time, finish reasons and outcome; the prompt's text only with
+--log-prompts, as prompts are users' writing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import json
+import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from fastapi import Request
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.prompts import Prompt
-from llama_srb.api.request_log import RequestLog
+from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.api.state import AppState
-from llama_srb.engine.engine import build_request
-from llama_srb.engine.generation import Interrupted
+from llama_srb.engine.generation import Interrupted, RequestTimedOut
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.loader import LoadedEngine
-from llama_srb.sampling.params import SamplingParams
+from llama_srb.native import Model
 
 T = TypeVar("T")
+log = logging.getLogger("llama_srb.requests")
 
 # Seconds a refused client should wait: about one short generation on a busy server.
 RETRY_AFTER_S = 1
@@ -95,67 +102,12 @@ def _check_best_of(body: SamplingFields, max_n: int) -> None:
         )
 
 
-def build(
-    loaded: LoadedEngine,
-    n: int,
-    prompt: list[int],
-    params: SamplingParams,
-    prefix: str,
-    prompt_logprobs: bool = False,
-    best_of: int | None = None,
-) -> EngineRequest:
-    """The engine request for one prompt, its sampler chains built (a worker thread's job).
-    With `best_of` (> n), that many branches are decoded and the n best returned."""
-    if not prompt:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    branches = max(n, best_of or 0)
-    needed = len(prompt) + branches * params.max_tokens
-    if needed > loaded.n_ctx:
-        raise APIError(
-            400,
-            f"this request needs {needed} tokens of context ({len(prompt)} in the prompt + "
-            f"{branches} branches × max_tokens={params.max_tokens}) but the server has"
-            f" {loaded.n_ctx}; shorten the prompt or lower n, best_of or max_tokens",
-            param="max_tokens",
-            code="context_length_exceeded",
-        )
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    return build_request(loaded.model, request_id, prompt, params, n, prompt_logprobs, best_of)
-
-
-def build_all(
-    loaded: LoadedEngine,
-    n: int,
-    prompts: Sequence[Prompt],
-    params: SamplingParams,
-    prefix: str,
-    prompt_logprobs: bool = False,
-    best_of: int | None = None,
-) -> list[EngineRequest]:
-    """One engine request per prompt; if any cannot be built, none is kept."""
-    requests: list[EngineRequest] = []
-    try:
-        for prompt in prompts:
-            tokens = prompt.tokens
-            requests.append(build(loaded, n, tokens, params, prefix, prompt_logprobs, best_of))
-    except BaseException:
-        discard(requests)
-        raise
-    return requests
-
-
-def discard(requests: list[EngineRequest]) -> None:
-    """Free the native samplers of requests that were built but will never be submitted."""
-    for request in requests:
-        request.close()
-
-
 def submit(
     state: AppState, requests: Sequence[EngineRequest]
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Submit every request of a call now (the queue bound counts them at once): their
     outputs as one stream, each tagged with its request's position in `requests` and
-    logged on its way (api/request_log.py)."""
+    logged on its way (RequestLog)."""
     settings, loaded = state.settings, state.ready()
     timeout = settings.request_timeout or None
     generations = [loaded.runtime.generate(request, timeout=timeout) for request in requests]
@@ -243,3 +195,97 @@ async def until_disconnect(http: Request, work: Awaitable[T]) -> T:
     if task.cancelled():
         raise APIError(499, "the client disconnected")
     return task.result()
+
+
+# -- one log line and the latency metrics per engine request ---------------------------------
+
+
+@dataclass
+class RequestRecord:
+    request: EngineRequest
+    reasons: list[str | None] = field(default_factory=list)
+    outcome: str = "cancelled"  # until a final output or an interruption says otherwise
+    error: str | None = None
+    ended: bool = False
+
+    def observe(self, output: RequestOutput) -> None:
+        if not self.reasons:
+            self.reasons = [None] * self.request.n
+        for delta in output.choices:
+            if delta.finish_reason is not None:
+                self.reasons[delta.index] = delta.finish_reason.value
+        if output.finished:
+            self.outcome = "error" if output.error else "completed"
+            self.error = output.error
+
+    def line(self, prompt_text: str | None) -> str:
+        request = self.request
+        first = request.first_token_at
+        fields: dict[str, object] = {
+            "event": "request",
+            "id": request.request_id,
+            "outcome": self.outcome,
+            "n": request.n,
+            "prompt_tokens": request.prompt_len,
+            "cached_tokens": request.n_cached,
+            "generated_tokens": request.completion_tokens,
+            "ttft_ms": None if first is None else round((first - request.arrival) * 1000, 1),
+            "total_ms": round((time.monotonic() - request.arrival) * 1000, 1),
+            "finish_reasons": self.reasons or [None] * request.n,
+        }
+        if self.error:
+            fields["error"] = self.error
+        if prompt_text is not None:
+            fields["prompt"] = prompt_text
+        return json.dumps(fields, ensure_ascii=False)
+
+
+class RequestLog:
+    """The records of one call's engine requests (one per prompt), fed as outputs pass:
+    each request's line is logged, and its latency observed, once it ends."""
+
+    def __init__(
+        self,
+        metrics: ServerMetrics,
+        model: Model,
+        log_prompts: bool,
+        requests: Sequence[EngineRequest],
+    ) -> None:
+        self.metrics = metrics
+        self.model = model
+        self.log_prompts = log_prompts
+        self.records = [RequestRecord(request) for request in requests]
+
+    def observe(self, position: int, output: RequestOutput) -> None:
+        record = self.records[position]
+        if not record.reasons:  # the first output carries the first tokens
+            self._first_token(record.request)
+        record.observe(output)
+        if output.finished:
+            self._end(record)
+
+    def interrupted(self, exc: Interrupted) -> None:
+        """The runtime ended the call (timeout, shutdown): so ended every unfinished request."""
+        for record in self.records:
+            if not record.ended:
+                record.outcome = "timeout" if isinstance(exc, RequestTimedOut) else "shutdown"
+                record.error = str(exc)
+
+    def close(self) -> None:
+        """The call is over: what has not ended yet was cancelled (or interrupted)."""
+        for record in self.records:
+            self._end(record)
+
+    def _first_token(self, request: EngineRequest) -> None:
+        if request.first_token_at is not None:
+            self.metrics.time_to_first_token.observe(request.first_token_at - request.arrival)
+
+    def _end(self, record: RequestRecord) -> None:
+        if record.ended:
+            return
+        record.ended = True
+        request = record.request
+        self.metrics.request_duration.observe(time.monotonic() - request.arrival)
+        self.metrics.requests_ended.labels(record.outcome).inc()
+        prompt = self.model.text(request.prompt) if self.log_prompts else None
+        log.info("%s", record.line(prompt))

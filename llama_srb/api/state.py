@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.templates import ServedTemplate, serve_template
+from llama_srb.api.input.chat import ServedTemplate, serve_template
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.workers import Workers
 from llama_srb.config import Settings

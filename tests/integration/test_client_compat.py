@@ -31,7 +31,7 @@ import httpx
 import openai
 import pytest
 
-from llama_srb.api.input.templates import packaged
+from llama_srb.api.input.chat import packaged
 from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA, ModelFacts
 

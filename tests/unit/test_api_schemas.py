@@ -23,8 +23,8 @@ NOT_PASSED_THROUGH = {
     "stream",
     "stream_options",
     "user",
-    "logit_bias",  # checked against the vocabulary (input/constraints.py)
-    "grammar",  # like response_format and json_schema: one grammar (input/constraints.py)
+    "logit_bias",  # checked against the vocabulary (input/params.py)
+    "grammar",  # like response_format and json_schema: one grammar (input/params.py)
     "response_format",
     "json_schema",
     "best_of",  # like n: how many branches (api/service.py)

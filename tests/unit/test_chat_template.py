@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_srb.api.input.chat_template import ChatTemplate, ChatTemplateError
+from llama_srb.api.input.chat import ChatTemplate, ChatTemplateError
 
 TOY = (
     "{{ bos_token }}{% for m in messages %}"

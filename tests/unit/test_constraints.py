@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from llama_cpp.llama_grammar import JSON_GBNF
 
-from llama_srb.api.input.constraints import grammar_for, logit_bias
+from llama_srb.api.input.params import grammar_for, logit_bias
 from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.sampling.params import ParamError
 

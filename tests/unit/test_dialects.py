@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from llama_srb.api.input.constraints import logit_bias
-from llama_srb.api.input.params import chat_params
-from llama_srb.api.input.templates import CHATML_STOPS, choose, packaged
+from llama_srb.api.input.chat import CHATML_STOPS, chat_params, choose, packaged
+from llama_srb.api.input.params import logit_bias
 from llama_srb.api.render.native import NativeResult, stop_info
 from llama_srb.api.schemas import dialects
 from llama_srb.api.schemas.chat import ChatRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llama_srb.api.input.constraints import schema_grammar
+from llama_srb.api.input.params import schema_grammar
 from llama_srb.sampling.grammar import (
     MAX_GRAMMAR_DEPTH,
     MAX_GRAMMAR_REPEAT,

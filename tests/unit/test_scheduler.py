@@ -48,6 +48,19 @@ def test_decode_tokens_of_running_requests_come_first_and_prefill_fills_the_rest
     assert not plan.prefill[0].completes_prompt
 
 
+def test_beside_decoding_branches_a_prompt_ends_with_its_last_chunk() -> None:
+    s = scheduler(n_batch=64)
+    running = make("run", 4, n=2)
+    s.add(running)
+    s.schedule()
+    running.n_prefilled = 4
+    running.status = RequestStatus.DECODING
+    s.add(make("new", 20))
+    (chunk,) = s.schedule().prefill
+    # No step of its own for the last token: the batch is shared with decoding anyway.
+    assert (chunk.start, chunk.end) == (0, 20) and chunk.completes_prompt
+
+
 def test_admission_respects_sequence_ids_and_cells_in_arrival_order() -> None:
     s = scheduler(n_seq=4, n_cells=100)
     big = make("big", 10, n=3, max_tokens=10)  # 10 + 30 cells, 3 ids

@@ -52,9 +52,19 @@ def test_a_prompts_last_token_does_not_teach_the_rate() -> None:
 def test_streams_that_fill_the_budget_alone_still_let_a_prompt_advance() -> None:
     pacer = StepPacer(0.1)
     pacer.observe(64, 0, 0.2)  # decoding alone takes twice the budget
-    pacer.observe(64, 100, 0.25)
-    room = pacer.prefill_room(64, 448)
-    assert room >= MIN_CHUNK and room >= 40  # a quarter of the budget at 0.5 ms a token
+    pacer.observe(64, 100, 0.25)  # reads as 0.625 ms a token (a quarter of the step, floored)
+    # A quarter of the decode time, not of the budget: 50 ms of prompt, 80 tokens.
+    assert pacer.prefill_room(64, 448) == 80
+    pacer.observe(64, 0, 2.0)  # the steps grow (more streams): the prompt's share with them
+    pacer.observe(64, 0, 2.0)
+    assert pacer.prefill_room(64, 448) > 400
+
+
+def test_a_tight_budget_still_moves_a_prompt_on() -> None:
+    pacer = StepPacer(0.01)
+    pacer.observe(4, 0, 0.009)
+    pacer.observe(4, 20, 0.009 + 20 * 0.004)
+    assert pacer.prefill_room(4, 508) == MIN_CHUNK
 
 
 def test_the_scheduler_sizes_prefill_beside_streams_and_fills_the_batch_without() -> None:

@@ -1,26 +1,38 @@
-"""A request's fields → the engine's SamplingParams, per route: what each API calls its
-token limit and logprobs, the default length (what fits), and the output constraints."""
+"""A request's fields → the engine's SamplingParams, and with its prompts' tokens the
+engine requests themselves (sampler chains built: a worker thread's job). The params are
+the sampler settings, the default length (what fits), and what constrains the output: a
+grammar (GBNF, JSON, a JSON schema) and logit bias. Each route's own fields (chat's,
+llama.cpp's) are read in input/chat.py and input/native.py, which end here.
+
+Checked while the request is prepared, so that a bad schema or bias is a 400 that says
+what is wrong before anything is queued. The JSON-schema→GBNF converter is the one
+llama-cpp-python ships; llama.cpp's grammar sampler then enforces it per branch.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import json
+import math
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from llama_srb.api.input.constraints import grammar_for, logit_bias
-from llama_srb.api.schemas import dialects
-from llama_srb.api.schemas.chat import ChatRequest
-from llama_srb.api.schemas.native import NativeCompletionRequest
+from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+from llama_srb.api.errors import APIError
+from llama_srb.api.input.prompts import Prompt
 from llama_srb.api.schemas.sampling import SamplingFields
-from llama_srb.native import Model
-from llama_srb.sampling.params import MAX_STOPS, ParamError, SamplingParams
+from llama_srb.engine.engine import build_request
+from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.loader import LoadedEngine
+from llama_srb.native import Model, vocab_error
+from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
+from llama_srb.sampling.params import ParamError, SamplingParams
 
 # Without max_tokens a reply may take what fits in the context, up to this many tokens:
 # each branch's tokens are reserved in the KV cache when its request is admitted, so an
 # uncapped default would hold the whole context for one request and make the rest wait.
 DEFAULT_MAX_TOKENS_CAP = 2048
-
-MAX_N_PROBS = 20  # as OpenAI's logprobs: each one is a sort of the vocabulary's top
 
 
 def request_params(
@@ -40,28 +52,6 @@ def _text_tokens(model: Model) -> Callable[[str], list[int]]:
     return lambda text: model.tokenize(text, add_special=False, parse_special=False)
 
 
-def chat_params(
-    body: ChatRequest, model: Model, prompt_len: int, n_ctx: int, stops: tuple[str, ...] = ()
-) -> SamplingParams:
-    if body.top_logprobs is not None and not body.logprobs:
-        raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
-    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= 20:
-        raise ParamError(
-            "top_logprobs", f"top_logprobs must be in [0, 20], got {body.top_logprobs}"
-        )
-    max_tokens = body.max_completion_tokens
-    if max_tokens is None:
-        max_tokens = body.max_tokens
-    if max_tokens is None:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.branches)
-    params = request_params(body, model, n_ctx, max_tokens=max_tokens)
-    # Chat's logprobs is a switch; the engine's is the number of alternatives (or None).
-    k = (body.top_logprobs or 0) if body.logprobs else None
-    # The template's end-of-turn text, for a model that does not know it as a token.
-    extra = tuple(s for s in stops if s not in params.stop)[: MAX_STOPS - len(params.stop)]
-    return dataclasses.replace(params, logprobs=k, stop=params.stop + extra)
-
-
 def default_max_tokens(n_ctx: int, prompt_len: int, n: int) -> int:
     """What fits: the context left after the prompt, shared by the n branches, capped.
     At least 1, so that a prompt that leaves no room gets the context-length error."""
@@ -69,28 +59,215 @@ def default_max_tokens(n_ctx: int, prompt_len: int, n: int) -> int:
     return max(1, min(fits, DEFAULT_MAX_TOKENS_CAP))
 
 
-def sampler_list(body: NativeCompletionRequest) -> list[str]:
-    return dialects.sampler_names(body.samplers) if body.samplers is not None else []
+# -- the engine requests --------------------------------------------------------------
 
 
-def native_params(
-    body: NativeCompletionRequest, model: Model, n_ctx: int, prompt_len: int
-) -> SamplingParams:
-    """SamplingParams from llama.cpp's fields: `n_predict` -1 (or none) is what fits in
-    the context, shared by the n results, up to the chat default's cap; `samplers` turns
-    off those it leaves out and orders the rest."""
-    if not 0 <= body.n_probs <= MAX_N_PROBS:
-        raise ParamError("n_probs", f"n_probs must be in [0, {MAX_N_PROBS}], got {body.n_probs}")
-    if body.n_predict is not None and body.n_predict < -1:
-        raise ParamError("n_predict", f"n_predict must be -1 or more, got {body.n_predict}")
-    max_tokens = body.n_predict
-    if max_tokens is None or max_tokens == -1:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.branches)
-    logprobs = body.n_probs if body.n_probs > 0 else None
-    params = request_params(body, model, n_ctx, max_tokens=max_tokens, logprobs=logprobs)
-    if body.samplers is not None:
-        names = sampler_list(body)
-        params = dataclasses.replace(
-            dialects.only_samplers(params, names), sampler_order=tuple(names)
+def build(
+    loaded: LoadedEngine,
+    n: int,
+    prompt: list[int],
+    params: SamplingParams,
+    prefix: str,
+    prompt_logprobs: bool = False,
+    best_of: int | None = None,
+) -> EngineRequest:
+    """The engine request for one prompt, its sampler chains built (a worker thread's job).
+    With `best_of` (> n), that many branches are decoded and the n best returned."""
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    branches = max(n, best_of or 0)
+    needed = len(prompt) + branches * params.max_tokens
+    if needed > loaded.n_ctx:
+        raise APIError(
+            400,
+            f"this request needs {needed} tokens of context ({len(prompt)} in the prompt + "
+            f"{branches} branches × max_tokens={params.max_tokens}) but the server has"
+            f" {loaded.n_ctx}; shorten the prompt or lower n, best_of or max_tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
         )
-    return params
+    request_id = f"{prefix}-{uuid.uuid4().hex}"
+    return build_request(loaded.model, request_id, prompt, params, n, prompt_logprobs, best_of)
+
+
+def build_all(
+    loaded: LoadedEngine,
+    n: int,
+    prompts: Sequence[Prompt],
+    params: SamplingParams,
+    prefix: str,
+    prompt_logprobs: bool = False,
+    best_of: int | None = None,
+) -> list[EngineRequest]:
+    """One engine request per prompt; if any cannot be built, none is kept."""
+    requests: list[EngineRequest] = []
+    try:
+        for prompt in prompts:
+            tokens = prompt.tokens
+            requests.append(build(loaded, n, tokens, params, prefix, prompt_logprobs, best_of))
+    except BaseException:
+        discard(requests)
+        raise
+    return requests
+
+
+def discard(requests: list[EngineRequest]) -> None:
+    """Free the native samplers of requests that were built but will never be submitted."""
+    for request in requests:
+        request.close()
+
+
+# -- what constrains the output: a grammar, logit bias --------------------------------
+
+MAX_BIAS = 100.0  # OpenAI's range: ±100, where -100 bans a token and 100 all but forces it
+# Each branch's chain holds a copy; more entries than this is a vocabulary dump, not a bias.
+MAX_BIAS_ENTRIES = 4096
+MAX_BIAS_TEXT = 512  # a text in llama.cpp's list form is tokenized: bounded like a stop
+
+
+def grammar_for(body: SamplingFields) -> str | None:
+    """GBNF text from `grammar`, `response_format` or `json_schema`, if any was given.
+    An empty grammar is none (SillyTavern sends `grammar: ""` when it has none)."""
+    fmt = _json_format(body)
+    grammar = body.grammar or None
+    given = [
+        name
+        for name, value in (
+            ("grammar", grammar),
+            ("response_format", fmt),
+            ("json_schema", body.json_schema),
+        )
+        if value is not None
+    ]
+    if len(given) > 1:
+        raise ParamError(given[1], f"give only one of {', '.join(given)}")
+    if grammar is not None:
+        return grammar
+    schema = body.json_schema if body.json_schema is not None else fmt
+    if schema is None:
+        return None
+    # An empty schema: any JSON object, with llama-cpp-python's stock JSON grammar.
+    return schema_grammar(schema, given[0]) if schema else JSON_GBNF
+
+
+def _json_format(body: SamplingFields) -> dict[str, Any] | None:
+    """The schema `response_format` asks for: None for text, {} for any JSON object."""
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return fmt.schema_ or {}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ParamError(
+            "response_format",
+            "response_format of type json_schema needs `json_schema: {name, schema}`",
+        )
+    return fmt.json_schema.schema_
+
+
+# Schema keywords the converter expands into one nested grammar rule per item.
+_REPEATING_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
+
+
+def schema_grammar(schema: dict[str, Any], param: str) -> str:
+    """A JSON schema as GBNF; ParamError with the converter's reason when it cannot be."""
+    _check_repetitions(schema, param)
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter asserts; any failure means an unusable schema
+        reason = str(exc) or type(exc).__name__
+        raise ParamError(param, f"the JSON schema cannot be used: {reason}") from None
+
+
+def _check_repetitions(schema: object, param: str) -> None:
+    """ParamError when a keyword asks for more items than a grammar may repeat."""
+    stack = [schema]
+    while stack:  # not recursive: the nesting is the client's choice
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in _REPEATING_KEYWORDS:
+                value = node.get(key)
+                if value is None:
+                    continue
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ParamError(param, f"`{key}` in the JSON schema must be an integer ≥ 0")
+                if value > MAX_GRAMMAR_REPEAT:
+                    raise ParamError(
+                        param,
+                        f"`{key}: {value}` in the JSON schema is too large: at most"
+                        f" {MAX_GRAMMAR_REPEAT}",
+                    )
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
+RawBias = dict[str, float | bool] | list[Any] | None
+
+
+def logit_bias(
+    raw: RawBias, n_vocab: int, tokenize: Callable[[str], list[int]] | None = None
+) -> tuple[tuple[int, float], ...]:
+    """The bias as (id, bias) pairs, checked: an id out of range would crash llama.cpp, and
+    a bias outside ±100 is what OpenAI refuses too. OpenAI's `{"token id": bias}`, or
+    llama.cpp's `[[token id or text, bias], ...]` where a text stands for each of its
+    tokens; `false` as a bias bans the token (-100)."""
+    if not raw:
+        return ()
+    entries: list[tuple[int | str, object]]
+    if isinstance(raw, dict):
+        entries = [(_token_id(key), bias) for key, bias in raw.items()]
+    else:
+        entries = [_pair(item) for item in raw]
+    if len(entries) > MAX_BIAS_ENTRIES:
+        raise ParamError(
+            "logit_bias", f"logit_bias has {len(entries)} entries; at most {MAX_BIAS_ENTRIES}"
+        )
+    pairs: list[tuple[int, float]] = []
+    for key, bias in entries:
+        value = _bias(bias)
+        if isinstance(key, str):
+            if tokenize is None:
+                raise ParamError("logit_bias", "logit_bias texts are not taken here")
+            pairs += [(token, value) for token in tokenize(key)]
+            continue
+        error = vocab_error([key], n_vocab)
+        if error is not None:
+            raise ParamError("logit_bias", f"logit_bias: {error}")
+        pairs.append((key, value))
+    if len(pairs) > MAX_BIAS_ENTRIES:
+        raise ParamError(
+            "logit_bias", f"logit_bias covers {len(pairs)} tokens; at most {MAX_BIAS_ENTRIES}"
+        )
+    return tuple(pairs)
+
+
+def _token_id(key: str) -> int:
+    try:
+        return int(key)
+    except ValueError:
+        raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}") from None
+
+
+_PAIR = "logit_bias entries are [token id or text, bias] pairs"
+
+
+def _pair(item: object) -> tuple[int | str, object]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise ParamError("logit_bias", f"{_PAIR}, got {item!r:.80}")
+    key, bias = item
+    if isinstance(key, bool) or not isinstance(key, int | str):
+        raise ParamError("logit_bias", f"{_PAIR}, got {item!r:.80}")
+    if isinstance(key, str) and len(key) > MAX_BIAS_TEXT:
+        raise ParamError("logit_bias", f"logit_bias texts must be at most {MAX_BIAS_TEXT} chars")
+    return key, bias
+
+
+def _bias(bias: object) -> float:
+    if bias is False:
+        return -MAX_BIAS  # llama.cpp's "never this token"
+    if isinstance(bias, bool) or not isinstance(bias, int | float):
+        raise ParamError("logit_bias", f"a logit_bias bias is a number or false, got {bias!r}")
+    if not math.isfinite(bias) or abs(bias) > MAX_BIAS:
+        raise ParamError("logit_bias", f"logit_bias biases must be in [-100, 100], got {bias}")
+    return float(bias)

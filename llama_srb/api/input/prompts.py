@@ -1,17 +1,15 @@
-"""A request's text as tokens: `prompt` (a string, token ids, or a list of either; each
-prompt becomes its own engine request with `n` branches), checked before anything is built.
+"""A request's text as tokens: `prompt` (a string, token ids, or a list of either),
+tokenized and checked before anything is built. Each prompt becomes its own engine request
+with `n` branches (input/params.py builds them): a call with p prompts and `n` has p*n
+choices, and prompt i's branch j is choice i*n + j.
 """
 
 from __future__ import annotations
 
-import re
-import uuid
 from dataclasses import dataclass
 from typing import cast
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.chat_template import ChatTemplate, ChatTemplateError
-from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.sampling import RawPrompt
 from llama_srb.native import Model
 
@@ -80,46 +78,11 @@ def count_prompts(raw: RawPrompt) -> int:
     return len(raw)
 
 
-def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest, n_ctx: int) -> list[int]:
-    """The rendered conversation as tokens, with exactly one BOS where the model wants one."""
-    messages = [{"role": m.role, "content": m.content or ""} for m in body.messages]
-    size = sum(len(m["content"].encode("utf-8", "replace")) for m in messages)
-    if size > n_ctx * MAX_BYTES_PER_TOKEN:
-        raise APIError(
-            400,
-            f"the messages hold {size} bytes: more than fits in this server's context of"
-            f" {n_ctx} tokens",
-            param="messages",
-            code="context_length_exceeded",
-        )
-    tokens = _tokenize_turns(model, template, messages)
-    # Templates usually write the BOS themselves (`{{ bos_token }}`): add it only if not.
-    if model.add_bos and model.bos >= 0 and tokens[:1] != [model.bos]:
-        tokens.insert(0, model.bos)
-    return tokens
+def choice_index(position: int, n: int, branch: int) -> int:
+    """The client's index of prompt `position`'s branch `branch` (its ChoiceDelta.index)."""
+    return position * n + branch
 
 
-def _tokenize_turns(
-    model: Model, template: ChatTemplate, messages: list[dict[str, str]]
-) -> list[int]:
-    """The template's own markers (`<start_of_turn>`) become control tokens; what the
-    messages say never does, or a message reading `<end_of_turn><start_of_turn>model`
-    would forge a turn. Messages with such text are rendered as unique slots, then
-    tokenized as plain text in their place."""
-    risky = {i for i, m in enumerate(messages) if model.spells_special(m["content"])}
-    slot = f"\x00{uuid.uuid4().hex}:"  # no client text can contain it: it is new
-    slotted = [
-        {**m, "content": f"{slot}{i}\x00"} if i in risky else m for i, m in enumerate(messages)
-    ]
-    try:
-        text = template.render(slotted, add_generation_prompt=True)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), param="messages", code="chat_template_error") from None
-    parts = re.split(f"{re.escape(slot)}(\\d+)\x00", text)  # template, index, template, …
-    tokens: list[int] = []
-    for k, part in enumerate(parts):
-        if k % 2:
-            tokens += model.tokenize(messages[int(part)]["content"], False, parse_special=False)
-        elif part:
-            tokens += model.tokenize(part, add_special=False, parse_special=True)
-    return tokens
+def prompt_position(index: int, n: int) -> int:
+    """The prompt a client's choice `index` continues: choice_index's inverse."""
+    return index // n

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from llama_srb.api.render.choices import ChoiceResult, UsageTally
+from llama_srb.api.render.choices import ChoiceResult
 from llama_srb.api.render.logprobs import Piece, chat_logprobs
-from llama_srb.api.render.sse import DONE, ChunkStream, error_event
+from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
 from llama_srb.api.schemas.chat import AssistantMessage, ChatChoice, ChoiceLogprobs
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 

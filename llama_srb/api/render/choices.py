@@ -1,30 +1,16 @@
-"""Engine outputs of one HTTP call (one or more prompts, n each) seen as the client's choices.
-
-A call with p prompts and `n` has p*n choices; prompt i's branch j is choice i*n + j.
-"""
+"""Engine outputs of one HTTP call (one or more prompts, n each) gathered whole into the
+client's choices, for an answer that is not streamed (prompt i's branch j is choice i*n + j:
+input/prompts.py's choice_index)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from llama_srb.api.schemas.completions import Usage
+from llama_srb.api.input.prompts import choice_index
+from llama_srb.api.render.sse import UsageTally
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.sampling.logprobs import TokenLogprob
-
-
-@dataclass
-class UsageTally:
-    """Token counts summed over the prompts of a call (each output carries its totals)."""
-
-    latest: dict[int, tuple[int, int, int]] = field(default_factory=dict)
-
-    def add(self, position: int, out: RequestOutput) -> None:
-        self.latest[position] = (out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-
-    def usage(self) -> Usage:
-        prompt, completion, cached = (sum(v[i] for v in self.latest.values()) for i in range(3))
-        return Usage.of(prompt, completion, cached)
 
 
 @dataclass
@@ -54,16 +40,6 @@ class Gathered:
     prompt_logprobs: list[list[TokenLogprob | None] | None]
     usage: UsageTally = field(default_factory=UsageTally)
     error: str | None = None
-
-
-def choice_index(position: int, n: int, branch: int) -> int:
-    """The client's index of prompt `position`'s branch `branch` (its ChoiceDelta.index)."""
-    return position * n + branch
-
-
-def prompt_position(index: int, n: int) -> int:
-    """The prompt a client's choice `index` continues: choice_index's inverse."""
-    return index // n
 
 
 async def gather(

@@ -1,21 +1,15 @@
 """Engine outputs → /v1/completions' answer: the SSE chunks of a stream, or the choices of
-a whole completion. A call with p prompts and `n` has p*n choices (render/choices.py)."""
+a whole completion. A call with p prompts and `n` has p*n choices (input/prompts.py)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from llama_srb.api.input.prompts import Prompt
-from llama_srb.api.render.choices import (
-    ChoiceResult,
-    Gathered,
-    UsageTally,
-    choice_index,
-    prompt_position,
-)
+from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
+from llama_srb.api.render.choices import ChoiceResult, Gathered
 from llama_srb.api.render.logprobs import Piece, completion_logprobs, concat
-from llama_srb.api.render.sse import DONE, ChunkStream, error_event
+from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
 from llama_srb.api.schemas.completions import (
     CompletionChoice,
     CompletionLogprobs,

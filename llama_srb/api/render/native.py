@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.prompts import Prompt
-from llama_srb.api.render.choices import choice_index, prompt_position
+from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.logprobs import Vocabulary
 from llama_srb.api.render.sse import error_event, event
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput

@@ -1,18 +1,20 @@
 """Server-Sent Events, framed in one place: an event, an error event, the `[DONE]` that ends
-OpenAI's streams, the streaming response itself, and the envelope of OpenAI's chunks."""
+OpenAI's streams, the streaming response itself, and the envelope of OpenAI's chunks (with
+the usage they report, summed over a call's prompts)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi.responses import StreamingResponse
 
 from llama_srb.api.errors import error_body, interrupted_error
-from llama_srb.api.render.choices import UsageTally
 from llama_srb.api.render.logprobs import Piece
+from llama_srb.api.schemas.completions import Usage
 from llama_srb.engine.generation import Interrupted
+from llama_srb.engine.outputs import RequestOutput
 
 DONE = "data: [DONE]\n\n"
 
@@ -43,6 +45,20 @@ async def _ended_cleanly(events: AsyncIterator[str]) -> AsyncIterator[str]:
         error = interrupted_error(exc)
         yield error_event(error.message, error.status, error.code)
         yield DONE
+
+
+@dataclass
+class UsageTally:
+    """Token counts summed over the prompts of a call (each output carries its totals)."""
+
+    latest: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+
+    def add(self, position: int, out: RequestOutput) -> None:
+        self.latest[position] = (out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+
+    def usage(self) -> Usage:
+        prompt, completion, cached = (sum(v[i] for v in self.latest.values()) for i in range(3))
+        return Usage.of(prompt, completion, cached)
 
 
 @dataclass

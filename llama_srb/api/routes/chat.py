@@ -10,15 +10,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.body import body_spec, parsed
-from llama_srb.api.input.params import chat_params
-from llama_srb.api.input.prompts import chat_prompt
+from llama_srb.api.input.chat import chat_params, chat_prompt
+from llama_srb.api.input.params import build, discard
 from llama_srb.api.render.chat import ChatStream, chat_choice
 from llama_srb.api.render.choices import gather
 from llama_srb.api.render.sse import sse_response
 from llama_srb.api.schemas.chat import ChatCompletion, ChatRequest
-from llama_srb.api.service import build, check_request, discard, submit, until_disconnect
+from llama_srb.api.service import check_request, submit, until_disconnect
 from llama_srb.api.state import AppState
+from llama_srb.api.workers import body_spec, parsed
 from llama_srb.engine.sequence import Request as EngineRequest
 
 

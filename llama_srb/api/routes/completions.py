@@ -9,15 +9,15 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.body import body_spec, parsed
-from llama_srb.api.input.params import request_params
+from llama_srb.api.input.params import build_all, discard, request_params
 from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
 from llama_srb.api.render.choices import gather
 from llama_srb.api.render.completions import CompletionStream, completion_choices
 from llama_srb.api.render.sse import sse_response
 from llama_srb.api.schemas.completions import Completion, CompletionRequest
-from llama_srb.api.service import build_all, check_request, discard, submit, until_disconnect
+from llama_srb.api.service import check_request, submit, until_disconnect
 from llama_srb.api.state import AppState
+from llama_srb.api.workers import body_spec, parsed
 from llama_srb.engine.sequence import Request as EngineRequest
 
 

@@ -17,10 +17,10 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from llama_srb.api.input.body import body_spec, parsed
 from llama_srb.api.routes.tokenize import check_tokens, tokens_of
 from llama_srb.api.schemas.completions import ModelCard, ModelList
 from llama_srb.api.state import AppState
+from llama_srb.api.workers import body_spec, parsed
 
 
 class EncodeRequest(BaseModel):

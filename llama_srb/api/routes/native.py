@@ -10,14 +10,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from llama_srb.api.input.body import body_spec, parsed
-from llama_srb.api.input.params import native_params, sampler_list
+from llama_srb.api.input.native import native_params, sampler_list
+from llama_srb.api.input.params import build_all, discard
 from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
 from llama_srb.api.render.native import NativeCall, NativeOptions, generation_settings
 from llama_srb.api.render.sse import sse_response
 from llama_srb.api.schemas.native import NativeCompletionRequest
-from llama_srb.api.service import build_all, check_request, discard, submit, until_disconnect
+from llama_srb.api.service import check_request, submit, until_disconnect
 from llama_srb.api.state import AppState
+from llama_srb.api.workers import body_spec, parsed
 from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.native import Model
 from llama_srb.sampling.params import SamplingParams

@@ -11,9 +11,9 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.body import body_spec, parsed
 from llama_srb.api.input.prompts import tokenize_text
 from llama_srb.api.state import AppState
+from llama_srb.api.workers import body_spec, parsed
 from llama_srb.loader import LoadedEngine
 
 

@@ -19,7 +19,7 @@ from llama_srb.api.schemas import dialects
 from llama_srb.sampling.params import SamplingParams
 
 # Passed through as the client sent them. logit_bias and grammar need the vocabulary and
-# the JSON-schema converter (api/input/constraints.py); logprobs differs between the routes.
+# the JSON-schema converter (api/input/params.py); logprobs differs between the routes.
 # Each is declared below with a None default, so that SamplingParams' default rules; a
 # unit test (tests/unit/test_api_schemas.py) checks that none is missing.
 SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {
