@@ -4,11 +4,14 @@
                                    [--cancel 0.15] [--seed 0] [--server-args "..."]
                                    [--replicas 1]
 
+--server-args may be given several times: each setting gets the same requests in turn, in
+one run, and a table compares them at the end.
+
 Starts the server itself on loopback (llama_srb.testing.run_server; with --replicas N,
 N servers behind deploy/nginx.conf), sends --requests requests from --concurrency workers
 as 16 writers (streaming and not, n from 1 to 8, a fraction cancelled midway) and prints throughput, p50/p95 time to first token and total latency,
 and the outcome of every request. A 429 (queue full) is retried after its Retry-After and
-counted apart. "Lost" is any request that got neither a complete answer nor an explicit
+counted apart; time to first token and latency count from the first try. "Lost" is any request that got neither a complete answer nor an explicit
 error (a dropped connection, a stream without `[DONE]`, a missing choice): it must be 0.
 Exits non-zero when a request was lost or failed, or when the server is left busy.
 """
@@ -76,8 +79,23 @@ class Result:
 class Report:
     results: list[Result] = field(default_factory=list)
     wall: float = 0.0
+    left_running: dict[str, float] = field(default_factory=dict)  # gauges once settled
+    # Per server: mean admission wait, steps short of sequences/cells, steps, llama_decode s
+    waits: list[tuple[float, dict[str, int], int, float]] = field(default_factory=list)
 
-    def print(self, plans: list[Plan], command: str, left_running: dict[str, float]) -> None:
+    @property
+    def failed(self) -> bool:
+        return any(r.outcome in ("error", "lost") for r in self.results)
+
+    @property
+    def wait_summary(self) -> str:
+        return "; ".join(
+            f"{mean:.1f} s; {short['sequences']} / {short['cells']} of {steps}"
+            f"; {decoding / self.wall:.0%}"
+            for mean, short, steps, decoding in self.waits
+        )
+
+    def print(self, plans: list[Plan]) -> None:
         outcomes = Counter(r.outcome for r in self.results)
         ok = [r for r in self.results if r.outcome == "ok"]
         tokens = sum(r.tokens for r in self.results)
@@ -105,18 +123,35 @@ class Report:
             f"429 answers   {sum(r.retries_429 for r in self.results)} (each retried after "
             "Retry-After)"
         )
-        print(f"left running  {left_running}")
+        print(f"left running  {self.left_running}")
         for r in self.results:
             if r.outcome in ("error", "lost"):
                 print(f"  {r.outcome}: {r.detail[:200]}")
-        print(f"reproduce     {command}")
+        print(f"server side   admission wait, queue's head short: {self.wait_summary}")
+
+    def row(self, setting: str, wait: str) -> str:
+        """One line of the comparison table (markdown)."""
+        ok = [r for r in self.results if r.outcome == "ok"]
+        ttft = _p50_p95([r.ttft for r in ok if r.ttft is not None])
+        latency = _p50_p95([r.latency for r in ok if r.latency is not None])
+        lost = sum(r.outcome in ("error", "lost") for r in self.results)
+        return (
+            f"| `{setting}` | {self.wall:.1f} s | {ttft[0]:.1f} / {ttft[1]:.1f} s"
+            f" | {latency[0]:.1f} / {latency[1]:.1f} s | {lost} | {wait} |"
+        )
+
+
+def _p50_p95(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return float("nan"), float("nan")
+    return statistics.median(values), statistics.quantiles(values, n=20)[18]
 
 
 def _percentiles(values: list[float]) -> str:
     if len(values) < 2:
         return "n/a"
-    cuts = statistics.quantiles(values, n=20)  # 19 cut points: 5 %, 10 %, ..., 95 %
-    return f"p50 {statistics.median(values) * 1000:.0f} ms, p95 {cuts[18] * 1000:.0f} ms"
+    p50, p95 = _p50_p95(values)
+    return f"p50 {p50 * 1000:.0f} ms, p95 {p95 * 1000:.0f} ms"
 
 
 def make_plans(count: int, max_tokens: int, cancel: float, seed: int) -> list[Plan]:
@@ -153,8 +188,8 @@ class Client:
             "stream_options": {"include_usage": True} if plan.stream else None,
         }
         retries = 0
+        started = time.monotonic()  # the first try: waits behind 429s count, as a user feels them
         while True:
-            started = time.monotonic()
             try:
                 result = await (
                     self._stream(plan, body, started)
@@ -256,27 +291,40 @@ def idle_gauges(server: RunningServer) -> dict[str, float]:
         time.sleep(0.05)
 
 
-def where_requests_waited(server: RunningServer) -> str:
-    """The server's own account: admission waits, and what the queue's head lacked."""
+def where_requests_waited(server: RunningServer) -> tuple[float, dict[str, int], int, float]:
+    """The server's own account: mean admission wait, the steps the queue's head lacked
+    sequences or cells, all steps, and the seconds spent in llama_decode."""
     sample = server.metrics()
     prefix = "llama_srb_queue_wait_seconds"
     count = sample.get(f"{prefix}_count", 0.0)
-    buckets = sorted(
-        (float(name.split('le="')[1].rstrip('"}')), n)
-        for name, n in sample.items()
-        if name.startswith(f"{prefix}_bucket") and "+Inf" not in name
-    )
-    median = next((bound for bound, n in buckets if n >= count / 2), float("inf"))
     mean = sample.get(f"{prefix}_sum", 0.0) / max(count, 1)
     short = {
         lacking: int(sample.get(f'llama_srb_admission_short_steps_total{{lacking="{lacking}"}}', 0))
         for lacking in ("sequences", "cells")
     }
     steps = int(sample.get("llama_srb_decode_steps_total", 0))
-    return (
-        f"admission wait mean {mean * 1000:.0f} ms, median <= {median * 1000:.0f} ms;"
-        f" of {steps} steps, the queue's head was short of {short}"
-    )
+    decoding = sample.get("llama_srb_decode_seconds_total", 0.0)
+    return mean, short, steps, decoding
+
+
+def run_setting(args: argparse.Namespace, server_args: str, plans: list[Plan]) -> Report:
+    """Serve with `server_args`, drive the plans, print the report; returns it."""
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(run_server(Path(tmp), *shlex.split(server_args)))
+            for _ in range(args.replicas)
+        ]
+        url = servers[0].base_url
+        if args.replicas > 1:
+            hosts = [s.base_url.removeprefix("http://") for s in servers]
+            url = stack.enter_context(run_balancer(Path(tmp), hosts)).base_url
+            print(f"balancer      nginx (deploy/nginx.conf) in front of {args.replicas} replicas")
+        print(f"server        llama-srb serve {server_args}")
+        report = asyncio.run(drive(url, plans, args.concurrency))
+        report.left_running = {k: v for s in servers for k, v in idle_gauges(s).items() if v}
+        report.waits = [where_requests_waited(s) for s in servers]
+    report.print(plans)
+    return report
 
 
 def main() -> None:
@@ -286,7 +334,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--cancel", type=float, default=0.15, help="fraction hung up midway")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--server-args", default=DEFAULT_SERVER_ARGS)
+    parser.add_argument(
+        "--server-args", action="append", help=f"(repeatable) default: {DEFAULT_SERVER_ARGS!r}"
+    )
     parser.add_argument(
         "--replicas", type=int, default=1, help="servers behind deploy/nginx.conf (1: no nginx)"
     )
@@ -294,25 +344,20 @@ def main() -> None:
 
     plans = make_plans(args.requests, args.max_tokens, args.cancel, args.seed)
     command = " ".join([".venv/bin/python bench/load.py", *map(shlex.quote, sys.argv[1:])])
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        servers = [
-            stack.enter_context(run_server(Path(tmp), *shlex.split(args.server_args)))
-            for _ in range(args.replicas)
-        ]
-        url = servers[0].base_url
-        if args.replicas > 1:
-            hosts = [s.base_url.removeprefix("http://") for s in servers]
-            url = stack.enter_context(run_balancer(Path(tmp), hosts)).base_url
-            print(f"balancer      nginx (deploy/nginx.conf) in front of {args.replicas} replicas")
-        print(f"server        llama-srb serve {args.server_args}")
-        report = asyncio.run(drive(url, plans, args.concurrency))
-        left_running = {k: v for s in servers for k, v in idle_gauges(s).items() if v}
-        waits = [where_requests_waited(s) for s in servers]
-    report.print(plans, command, left_running)
-    for wait in waits:
-        print(f"server side   {wait}")
-    failed = any(r.outcome in ("error", "lost") for r in report.results)
-    sys.exit(1 if failed or any(left_running.values()) else 0)
+    settings = args.server_args or [DEFAULT_SERVER_ARGS]
+    reports = [run_setting(args, setting, plans) for setting in settings]
+    print()
+    print(
+        "| server | wall | TTFT p50 / p95 | latency p50 / p95 | lost or failed"
+        " | admission wait (mean); steps the queue's head lacked sequences / cells;"
+        " share of wall in llama_decode |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for setting, report in zip(settings, reports, strict=True):
+        print(report.row(setting, report.wait_summary))
+    print(f"\n{command}")
+    bad = any(r.failed or r.left_running for r in reports)
+    sys.exit(1 if bad else 0)
 
 
 if __name__ == "__main__":

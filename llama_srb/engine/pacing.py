@@ -16,8 +16,10 @@ from dataclasses import dataclass
 ALPHA = 0.3  # weight of the newest measurement: follows a growing context in a few steps
 PROBE_CHUNK = 32  # the first chunk beside streams, before any prefill was measured
 MIN_CHUNK = 16  # every step moves a waiting prompt on, however tight the budget
-# When decoding alone takes the whole budget (many streams), prefill still gets this share
-# of it, so a long prompt is not starved by streams: it advances at a bounded slowdown.
+# Prompts always get at least this share of a step's decode time, or of the budget when
+# that is longer. Once decoding alone outlasts the budget (many streams), the stall bound
+# is lost anyway: a prompt's share then grows with the step instead of staying at a
+# budget's quarter, so newly admitted requests reach their first token in a step or two.
 MIN_PREFILL_SHARE = 0.25
 
 
@@ -44,7 +46,8 @@ class StepPacer:
             return room
         if self.token_seconds is None:
             return min(room, PROBE_CHUNK)
-        spare = max(self.budget - (self.decode_seconds or 0.0), self.budget * MIN_PREFILL_SHARE)
+        decode = self.decode_seconds or 0.0
+        spare = max(self.budget - decode, MIN_PREFILL_SHARE * max(self.budget, decode))
         return min(room, max(MIN_CHUNK, int(spare / self.token_seconds)))
 
     def observe(self, n_decode: int, n_prefill: int, seconds: float) -> None:

@@ -103,9 +103,8 @@ class Scheduler:
             shares = self.budget.cache.enabled and not request.prompt_logprobs
             if shares and self._share_live_prefix(request, plan.kv_ops):
                 continue  # an earlier request is computing this prompt's start: wait for it
-            end = min(
-                self._chunk_limit(request), request.n_prefilled + self._chunk_room(request, room)
-            )
+            limit = self._chunk_limit(request, alone=not plan.decode)
+            end = min(limit, request.n_prefilled + self._chunk_room(request, room))
             plan.prefill.append(PrefillChunk(request, request.n_prefilled, end))
             room -= end - request.n_prefilled
         return plan
@@ -117,13 +116,16 @@ class Scheduler:
         return min(room, PROMPT_LOGPROBS_CHUNK) if request.prompt_logprobs else room
 
     @staticmethod
-    def _chunk_limit(request: Request) -> int:
-        """The last prompt token is decoded in a chunk of its own, like a generated token.
-        llama.cpp's kernels round differently for large batches than for small ones, so
-        this makes its logits the same whether the rest of the prompt was computed just
-        before or forked from the cache: cached and cold greedy outputs agree."""
+    def _chunk_limit(request: Request, alone: bool) -> int:
+        """On a step with nothing else decoding, the last prompt token is decoded in a
+        chunk of its own, like a generated token. llama.cpp's kernels round differently
+        for large batches than for small ones, so this makes an idle server's greedy
+        output the same whether the rest of the prompt was computed just before or forked
+        from the cache. Beside decoding branches the batch is shared anyway (and its shape
+        varies with them), so the prompt ends in its last chunk: a step sooner to its
+        first token, which under load is most of a second."""
         last = request.prompt_len - 1
-        return last if request.n_prefilled < last else request.prompt_len
+        return last if alone and request.n_prefilled < last else request.prompt_len
 
     def _admit(self, plan: StepPlan) -> None:
         # Strict arrival order: a large request at the head is not starved by small ones.
