@@ -33,13 +33,19 @@ def test_long_prompt_is_prefilled_in_chunks() -> None:
     assert plan.prefill[0].completes_prompt
 
 
-def test_decode_tokens_of_running_requests_come_first_and_prefill_fills_the_rest() -> None:
-    s = scheduler(n_batch=32)
-    running = make("run", 4, n=3)
+def decoding(s: Scheduler, n: int) -> Request:
+    """A request of `n` branches, admitted and past its 4-token prompt."""
+    running = make("run", 4, n=n)
     s.add(running)
     s.schedule()
     running.n_prefilled = 4
     running.status = RequestStatus.DECODING
+    return running
+
+
+def test_decode_tokens_of_running_requests_come_first_and_prefill_fills_the_rest() -> None:
+    s = scheduler(n_batch=32)
+    decoding(s, n=3)
     s.add(make("new", 100))
     plan = s.schedule()
     assert [seq.index for _, seq in plan.decode] == [0, 1, 2]
@@ -50,11 +56,7 @@ def test_decode_tokens_of_running_requests_come_first_and_prefill_fills_the_rest
 
 def test_beside_decoding_branches_a_prompt_ends_with_its_last_chunk() -> None:
     s = scheduler(n_batch=64)
-    running = make("run", 4, n=2)
-    s.add(running)
-    s.schedule()
-    running.n_prefilled = 4
-    running.status = RequestStatus.DECODING
+    decoding(s, n=2)
     s.add(make("new", 20))
     (chunk,) = s.schedule().prefill
     # No step of its own for the last token: the batch is shared with decoding anyway.
