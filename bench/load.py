@@ -9,10 +9,12 @@ one run, and a table compares them at the end.
 
 Starts the server itself on loopback (llama_srb.testing.run_server; with --replicas N,
 N servers behind deploy/nginx.conf), sends --requests requests from --concurrency workers
-as 16 writers (streaming and not, n from 1 to 8, a fraction cancelled midway) and prints throughput, p50/p95 time to first token and total latency,
-and the outcome of every request. A 429 (queue full) is retried after its Retry-After and
-counted apart; time to first token and latency count from the first try. "Lost" is any request that got neither a complete answer nor an explicit
-error (a dropped connection, a stream without `[DONE]`, a missing choice): it must be 0.
+as 16 writers (streaming and not, n from 1 to 8, a fraction cancelled midway) and prints
+throughput, p50/p95 time to first token and total latency, and the outcome of every
+request. A 429 (queue full) is retried after its Retry-After and counted apart; time to
+first token and latency count from the first try. "Lost" is any request that got neither
+a complete answer nor an explicit error (a dropped connection, a stream without `[DONE]`,
+a missing choice): it must be 0.
 Exits non-zero when a request was lost or failed, or when the server is left busy.
 """
 
@@ -129,7 +131,7 @@ class Report:
                 print(f"  {r.outcome}: {r.detail[:200]}")
         print(f"server side   admission wait, queue's head short: {self.wait_summary}")
 
-    def row(self, setting: str, wait: str) -> str:
+    def row(self, setting: str) -> str:
         """One line of the comparison table (markdown)."""
         ok = [r for r in self.results if r.outcome == "ok"]
         ttft = _p50_p95([r.ttft for r in ok if r.ttft is not None])
@@ -137,7 +139,7 @@ class Report:
         lost = sum(r.outcome in ("error", "lost") for r in self.results)
         return (
             f"| `{setting}` | {self.wall:.1f} s | {ttft[0]:.1f} / {ttft[1]:.1f} s"
-            f" | {latency[0]:.1f} / {latency[1]:.1f} s | {lost} | {wait} |"
+            f" | {latency[0]:.1f} / {latency[1]:.1f} s | {lost} | {self.wait_summary} |"
         )
 
 
@@ -354,7 +356,7 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|")
     for setting, report in zip(settings, reports, strict=True):
-        print(report.row(setting, report.wait_summary))
+        print(report.row(setting))
     print(f"\n{command}")
     bad = any(r.failed or r.left_running for r in reports)
     sys.exit(1 if bad else 0)
