@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
+from llama_srb.testing import RunningServer
 from tests.helpers import complete
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
-
-
-@pytest.fixture
-def fresh_server(tmp_path: Path, bundled_model: str) -> Iterator[RunningServer]:
-    """A server of its own, for tests that compare two requests' sampled text exactly:
-    where earlier requests left holes in the KV cache changes a request's logits a little
-    (README, Known limits), enough to flip a seeded or greedy token now and then."""
-    with run_server(tmp_path, "--model", bundled_model, "--n-ctx", "4096") as running:
-        yield running
 
 
 def stream_events(server: RunningServer, **body: object) -> list[dict | str]:
