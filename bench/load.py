@@ -33,6 +33,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -77,13 +78,21 @@ class Result:
     retry_after: float = 1.0  # from a 429
 
 
+class ServerAccount(NamedTuple):
+    """Where a server says its time went."""
+
+    mean_wait: float  # seconds from arrival to admission, per request
+    short: dict[str, int]  # steps the queue's head lacked "sequences" or "cells"
+    steps: int
+    decode_seconds: float  # spent in llama_decode
+
+
 @dataclass
 class Report:
     results: list[Result] = field(default_factory=list)
     wall: float = 0.0
     left_running: dict[str, float] = field(default_factory=dict)  # gauges once settled
-    # Per server: mean admission wait, steps short of sequences/cells, steps, llama_decode s
-    waits: list[tuple[float, dict[str, int], int, float]] = field(default_factory=list)
+    accounts: list[ServerAccount] = field(default_factory=list)  # one per server
 
     @property
     def failed(self) -> bool:
@@ -92,9 +101,9 @@ class Report:
     @property
     def wait_summary(self) -> str:
         return "; ".join(
-            f"{mean:.1f} s; {short['sequences']} / {short['cells']} of {steps}"
-            f"; {decoding / self.wall:.0%}"
-            for mean, short, steps, decoding in self.waits
+            f"{a.mean_wait:.1f} s; {a.short['sequences']} / {a.short['cells']} of {a.steps}"
+            f"; {a.decode_seconds / self.wall:.0%}"
+            for a in self.accounts
         )
 
     def print(self, plans: list[Plan]) -> None:
@@ -293,9 +302,8 @@ def idle_gauges(server: RunningServer) -> dict[str, float]:
         time.sleep(0.05)
 
 
-def where_requests_waited(server: RunningServer) -> tuple[float, dict[str, int], int, float]:
-    """The server's own account: mean admission wait, the steps the queue's head lacked
-    sequences or cells, all steps, and the seconds spent in llama_decode."""
+def where_requests_waited(server: RunningServer) -> ServerAccount:
+    """The server's own account, from /metrics."""
     sample = server.metrics()
     prefix = "llama_srb_queue_wait_seconds"
     count = sample.get(f"{prefix}_count", 0.0)
@@ -306,7 +314,7 @@ def where_requests_waited(server: RunningServer) -> tuple[float, dict[str, int],
     }
     steps = int(sample.get("llama_srb_decode_steps_total", 0))
     decoding = sample.get("llama_srb_decode_seconds_total", 0.0)
-    return mean, short, steps, decoding
+    return ServerAccount(mean, short, steps, decoding)
 
 
 def run_setting(args: argparse.Namespace, server_args: str, plans: list[Plan]) -> Report:
@@ -324,7 +332,7 @@ def run_setting(args: argparse.Namespace, server_args: str, plans: list[Plan]) -
         print(f"server        llama-srb serve {server_args}")
         report = asyncio.run(drive(url, plans, args.concurrency))
         report.left_running = {k: v for s in servers for k, v in idle_gauges(s).items() if v}
-        report.waits = [where_requests_waited(s) for s in servers]
+        report.accounts = [where_requests_waited(s) for s in servers]
     report.print(plans)
     return report
 
