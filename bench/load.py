@@ -85,6 +85,7 @@ class ServerAccount(NamedTuple):
     short: dict[str, int]  # steps the queue's head lacked "sequences" or "cells"
     steps: int
     decode_seconds: float  # spent in llama_decode
+    tokens_decoded: int  # prompt tokens evaluated + tokens generated
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Report:
         return "; ".join(
             f"{a.mean_wait:.1f} s; {a.short['sequences']} / {a.short['cells']} of {a.steps}"
             f"; {a.decode_seconds / self.wall:.0%}"
+            f"; {1000 * a.decode_seconds / max(a.tokens_decoded, 1):.2f} ms"
             for a in self.accounts
         )
 
@@ -314,7 +316,10 @@ def where_requests_waited(server: RunningServer) -> ServerAccount:
     }
     steps = int(sample.get("llama_srb_decode_steps_total", 0))
     decoding = sample.get("llama_srb_decode_seconds_total", 0.0)
-    return ServerAccount(mean, short, steps, decoding)
+    tokens = sample.get("llama_srb_prompt_tokens_evaluated_total", 0.0) + sample.get(
+        "llama_srb_generated_tokens_total", 0.0
+    )
+    return ServerAccount(mean, short, steps, decoding, int(tokens))
 
 
 def run_setting(args: argparse.Namespace, server_args: str, plans: list[Plan]) -> Report:
@@ -360,7 +365,7 @@ def main() -> None:
     print(
         "| server | wall | TTFT p50 / p95 | latency p50 / p95 | lost or failed"
         " | admission wait (mean); steps the queue's head lacked sequences / cells;"
-        " share of wall in llama_decode |"
+        " share of wall in llama_decode; its time per token (prompt + generated) |"
     )
     print("|---|---:|---:|---:|---:|---:|")
     for setting, report in zip(settings, reports, strict=True):

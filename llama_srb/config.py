@@ -103,6 +103,15 @@ class Settings(BaseSettings):
         " chunk beside them is sized to it from the measured prefill rate, so a long prompt"
         " never freezes them (0: no limit, every chunk fills the batch)",
     )
+    tokens_per_call: int | None = Field(
+        None,
+        ge=0,
+        le=8192,
+        description="the most tokens one llama_decode call carries; a step with more makes"
+        " several calls, a request's rows kept together (0: one call per step; default: 63"
+        " when the CPU computes the model, below the 64-row tile at which its flash"
+        " attention starts to attend over every branch's cells at once, else 0)",
+    )
     threads: int | None = Field(
         None, ge=1, le=512, description="CPU threads for decoding (default: all cores)"
     )

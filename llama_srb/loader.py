@@ -17,10 +17,19 @@ from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, Settings, SplitMode, fit
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.runtime import Runtime
-from llama_srb.native import Context, ContextOptions, Model, ModelOptions, NativeError
+from llama_srb.native import (
+    Context,
+    ContextOptions,
+    Model,
+    ModelOptions,
+    NativeError,
+    has_gpu_device,
+)
 from llama_srb.rpc import add_rpc_servers
 
 log = logging.getLogger(__name__)
+
+CPU_TOKENS_PER_CALL = 63  # below llama.cpp's CPU flash-attention tile (GGML_FA_TILE_Q, 64)
 
 _SPLIT = {
     SplitMode.none: C.LLAMA_SPLIT_MODE_NONE,
@@ -62,6 +71,17 @@ def model_options(settings: Settings) -> ModelOptions:
         tensor_split=tuple(settings.tensor_split) if settings.tensor_split else None,
         cpu_repack=settings.cpu_repack,
     )
+
+
+def tokens_per_call(settings: Settings) -> int:
+    """--tokens-per-call, or its default: on the CPU, llama.cpp's flash attention handles
+    64 or more rows in tiles that each attend over every cell any of their rows may see,
+    so a step's decode rows from many requests cost more together than in calls below a
+    tile (bench/bench_calls.py). Offloaded, one call per step reads the weights once."""
+    if settings.tokens_per_call is not None:
+        return settings.tokens_per_call
+    offloaded = settings.n_gpu_layers != 0 and has_gpu_device()
+    return 0 if offloaded else CPU_TOKENS_PER_CALL
 
 
 def kv_budget(settings: Settings, n_ctx: int) -> KvBudget:
@@ -142,7 +162,13 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
     log.info("loading %s", path)
     model = Model(path, model_options(settings))
     context = open_context(model, settings)
-    engine = Engine(model, context, kv_budget(settings, context.n_ctx), settings.step_budget)
+    engine = Engine(
+        model,
+        context,
+        kv_budget(settings, context.n_ctx),
+        settings.step_budget,
+        tokens_per_call(settings),
+    )
     runtime = Runtime(engine, on_death)
     runtime.start()
     log.info("ready: n_ctx=%d, max_sequences=%d", context.n_ctx, settings.max_sequences)

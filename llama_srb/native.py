@@ -9,6 +9,7 @@ the GIL while C runs, so a long `llama_decode` does not stall the asyncio thread
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import tempfile
@@ -31,6 +32,7 @@ NATIVE_STACK_BYTES = 64 << 20
 
 _backend_ready = False
 _GGML_LOG_WARN, _GGML_LOG_CONT = 3, 5
+_DEVICE_GPU, _DEVICE_IGPU = 1, 2  # enum ggml_backend_dev_type
 _log_level = [0]  # level of the last message, which continuation pieces inherit
 _stderr_lock = threading.Lock()
 _stack_size_lock = threading.Lock()
@@ -93,6 +95,45 @@ def _init_backend() -> None:
         C.llama_log_set(_log_callback, ctypes.c_void_p(0))
         C.llama_backend_init()
         _backend_ready = True
+
+
+def _loaded_ggml() -> str:
+    """The libggml that libllama loaded: the wheel holds copies of it under several names
+    (no symlinks in wheels), and each copy has its own backend registry."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if Path(path).name.startswith("libggml.so"):
+            return path
+    return str(Path(C.__file__).parent / "lib" / "libggml.so.0")
+
+
+@functools.cache
+def ggml_library() -> ctypes.CDLL:
+    """libggml, for the backend registry calls llama-cpp-python does not bind."""
+    lib = ctypes.CDLL(_loaded_ggml())
+    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_register.restype = None
+    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
+    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
+    lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    return lib
+
+
+def has_gpu_device() -> bool:
+    """Whether ggml has a device that takes offloaded layers: a GPU (dedicated or
+    integrated) or an RPC worker, which ggml counts as a GPU."""
+    _init_backend()  # registers the backends compiled in
+    lib = ggml_library()
+    return any(lib.ggml_backend_dev_by_type(kind) for kind in (_DEVICE_GPU, _DEVICE_IGPU))
 
 
 class NativeError(RuntimeError):

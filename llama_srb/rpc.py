@@ -12,42 +12,16 @@ import ctypes
 import logging
 import socket
 from collections.abc import Sequence
-from pathlib import Path
 
 import llama_cpp
+
+from llama_srb.native import ggml_library
 
 log = logging.getLogger(__name__)
 
 
 class RpcUnavailable(RuntimeError):
     pass
-
-
-def _loaded_ggml() -> str:
-    """The libggml that libllama loaded: the wheel holds copies of it under several names
-    (no symlinks in wheels), and each copy has its own backend registry."""
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        path = line.split(maxsplit=5)[-1]
-        if Path(path).name.startswith("libggml.so"):
-            return path
-    return str(Path(llama_cpp.__file__).parent / "lib" / "libggml.so.0")
-
-
-def _ggml() -> ctypes.CDLL:
-    lib = ctypes.CDLL(_loaded_ggml())
-    lib.ggml_backend_reg_by_name.argtypes = [ctypes.c_char_p]
-    lib.ggml_backend_reg_by_name.restype = ctypes.c_void_p
-    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
-    lib.ggml_backend_register.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_register.restype = None
-    lib.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
-    lib.ggml_backend_reg_dev_get.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    lib.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
-    lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-    lib.ggml_backend_dev_description.restype = ctypes.c_char_p
-    return lib
 
 
 def add_rpc_servers(endpoints: Sequence[str]) -> list[str]:
@@ -58,7 +32,7 @@ def add_rpc_servers(endpoints: Sequence[str]) -> list[str]:
             "this llama-cpp-python has no RPC backend: `make install` builds one with"
             " GGML_RPC (see the README's Scaling out section)"
         )
-    ggml = _ggml()
+    ggml = ggml_library()
     rpc = ggml.ggml_backend_reg_by_name(b"RPC")
     address = ggml.ggml_backend_reg_get_proc_address(rpc, b"ggml_backend_rpc_add_server")
     if not rpc or not address:

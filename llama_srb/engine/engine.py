@@ -91,11 +91,19 @@ class EngineSnapshot:
 
 class Engine:
     def __init__(
-        self, model: Vocabulary, ctx: DecodeContext, budget: KvBudget, step_budget: float = 0.0
+        self,
+        model: Vocabulary,
+        ctx: DecodeContext,
+        budget: KvBudget,
+        step_budget: float = 0.0,
+        tokens_per_call: int = 0,
     ) -> None:
-        """`step_budget`: seconds a step may take while streams decode (0: no limit)."""
+        """`step_budget`: seconds a step may take while streams decode (0: no limit).
+        `tokens_per_call`: the most tokens one llama_decode call carries; a step with
+        more makes several calls (0: one call per step)."""
         self.model = model
         self.ctx = ctx
+        self.tokens_per_call = tokens_per_call
         self.pacer = StepPacer(step_budget)
         self.scheduler = Scheduler(budget, ctx.n_batch, self.pacer)
         self.batch = Batch(ctx.n_batch)
@@ -151,20 +159,36 @@ class Engine:
         outputs: list[RequestOutput] = []
         if not plan.empty:
             try:
-                self._decode(plan)
-                self._apply(self.scheduler.prefilled(plan))
-                sampled = self._sample(plan)
-                ops = self.scheduler.postprocess(sampled)
-                outputs = [self._output(request, choices) for request, choices in sampled]
-                self._apply(ops)
-                self._observe_gaps(outputs)
-            except DecodeError as exc:  # this batch failed: its requests end, others go on
-                outputs = self.fail(plan.requests, str(exc))
+                outputs = self._run(plan)
             except Exception as exc:  # keep serving: fail what was in flight, not the server
                 log.exception("engine step failed")
                 outputs += self.fail_all(f"engine error: {exc}")
         self.publish_snapshot()
         return outputs
+
+    def _run(self, plan: StepPlan) -> list[RequestOutput]:
+        """Decode the plan's calls, each sampled before the next overwrites its logits;
+        then what was sampled ends branches and requests, or goes out."""
+        failed: list[RequestOutput] = []
+        sampled: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
+        seconds = 0.0
+        for call in plan.calls(self.tokens_per_call):
+            try:
+                seconds += self._decode(call)
+            except DecodeError as exc:  # this call failed: its requests end, others go on
+                failed += self.fail(call.requests, str(exc))
+                continue
+            self._apply(self.scheduler.prefilled(call))
+            self._sample(call, sampled)
+        self.stats.steps += 1
+        n_prefill = plan.n_tokens - len(plan.decode)
+        self.pacer.observe(len(plan.decode), n_prefill, seconds)
+        steps = list(sampled.values())
+        ops = self.scheduler.postprocess(steps)
+        outputs = [self._output(request, choices) for request, choices in steps]
+        self._apply(ops)
+        self._observe_gaps(outputs)
+        return failed + outputs
 
     def publish_snapshot(self) -> None:
         """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
@@ -180,7 +204,8 @@ class Engine:
             kv_cells_total=budget.n_cells,
         )
 
-    def _decode(self, plan: StepPlan) -> None:
+    def _decode(self, plan: StepPlan) -> float:
+        """One llama_decode call; returns its seconds."""
         batch = self.batch
         batch.clear()
         for request, seq in plan.decode:
@@ -201,10 +226,8 @@ class Engine:
         elapsed = time.perf_counter() - started
         self.stats.decode_seconds += elapsed
         self.stats.decode_step_seconds.observe(elapsed)
-        self.stats.steps += 1
-        n_prefill = plan.n_tokens - len(plan.decode)
-        self.stats.prompt_tokens_evaluated += n_prefill
-        self.pacer.observe(len(plan.decode), n_prefill, elapsed)
+        self.stats.prompt_tokens_evaluated += plan.n_tokens - len(plan.decode)
+        return elapsed
 
     def _observe_admission(self, plan: StepPlan) -> None:
         now = time.monotonic()
@@ -227,10 +250,11 @@ class Engine:
             if output.finished:
                 self._last_output_at.pop(output.request_id, None)
 
-    def _sample(self, plan: StepPlan) -> list[tuple[Request, list[ChoiceDelta]]]:
-        """Every branch with logits this step samples its next token; per request, in
-        plan order, the deltas of its branches."""
-        sampled: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
+    def _sample(
+        self, plan: StepPlan, sampled: dict[int, tuple[Request, list[ChoiceDelta]]]
+    ) -> None:
+        """Every branch with logits in this call samples its next token; per request, in
+        plan order, the deltas of its branches join `sampled`."""
 
         def deltas(request: Request) -> list[ChoiceDelta]:
             return sampled.setdefault(id(request), (request, []))[1]
@@ -251,7 +275,6 @@ class Engine:
                     out.append(self._sample_branch(request, seq, taken))
         for request, seq in plan.decode:
             deltas(request).append(self._sample_branch(request, seq))
-        return list(sampled.values())
 
     def _score_prompt(self, chunk: PrefillChunk) -> None:
         """echo + logprobs: score each prompt token from the logits of the one before it."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import groupby
 
 from llama_srb.engine.kv import MIN_SHARED_TOKENS, KvBudget, KvOp, common_prefix
 from llama_srb.engine.outputs import ChoiceDelta
@@ -58,6 +59,26 @@ class StepPlan:
         """Every request with tokens in this step, once each."""
         both = [r for r, _ in self.decode] + [c.request for c in self.prefill]
         return list({id(r): r for r in both}.values())
+
+    def calls(self, max_tokens: int) -> list[StepPlan]:
+        """The step as llama_decode calls of at most `max_tokens` tokens each (0: one
+        call), packed in order and whole: a request's decode rows, or a prompt chunk, are
+        never split between calls (one larger than the limit gets a call of its own)."""
+        if max_tokens <= 0 or self.n_tokens <= max_tokens:
+            return [self]
+        calls: list[StepPlan] = []
+
+        def call_with_room(size: int) -> StepPlan:
+            if not calls or calls[-1].n_tokens + size > max_tokens:
+                calls.append(StepPlan())
+            return calls[-1]
+
+        for _, group in groupby(self.decode, key=lambda row: id(row[0])):
+            rows = list(group)
+            call_with_room(len(rows)).decode.extend(rows)
+        for chunk in self.prefill:
+            call_with_room(chunk.end - chunk.start).prefill.append(chunk)
+        return calls
 
 
 class Scheduler:

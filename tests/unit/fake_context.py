@@ -95,6 +95,7 @@ class FakeContext:
         self.rows: dict[int, npt.NDArray[np.float32]] = {}
         self.fail_next: int | None = None  # a DecodeError code for the next decode
         self.decoded = 0  # tokens computed by all decodes
+        self.calls = 0  # decodes
 
     @property
     def ptr(self) -> FakeContext:
@@ -106,7 +107,8 @@ class FakeContext:
         self.warmed_with = token
 
     def decode(self, batch: Batch) -> None:
-        self.rows = {}
+        self.rows = {}  # as llama.cpp: a decode replaces the previous one's logits
+        self.calls += 1
         if self.fail_next is not None:
             code, self.fail_next = self.fail_next, None
             raise DecodeError(code)
@@ -195,11 +197,12 @@ def make_engine(
     cache_paths: int = 8,
     cache_cells: int | None = None,
     table: Table = ranking,
+    tokens_per_call: int = 0,
 ) -> tuple[Engine, FakeContext]:
     """An engine over a fake context; the prefix cache may use every cell by default."""
     budget = KvBudget(max_live, n_ctx, cache_paths, n_ctx if cache_cells is None else cache_cells)
     ctx = FakeContext(n_ctx, n_batch, budget.n_seq, table)
-    return Engine(FakeModel(), ctx, budget), ctx
+    return Engine(FakeModel(), ctx, budget, tokens_per_call=tokens_per_call), ctx
 
 
 @dataclass
