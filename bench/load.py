@@ -48,7 +48,7 @@ PROMPTS = (
     "The dragon had not left its cave in a hundred years, until the morning",
     "Dear diary, today the strangest thing happened at the bakery.",
 )
-DEFAULT_SERVER_ARGS = "--n-ctx 8192 --max-sequences 64 --max-queue 16"
+DEFAULT_SERVER_ARGS = "--n-ctx 8192 --max-queue 16"
 MAX_RETRIES = 60  # 429s in a row before a request is counted as rejected
 
 

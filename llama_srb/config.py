@@ -76,7 +76,7 @@ class Settings(BaseSettings):
         " model's training context, lowered to fit in memory)",
     )
     max_sequences: int = Field(
-        64, ge=1, le=256, description="sequences decoded at once, across all requests"
+        128, ge=1, le=256, description="sequences decoded at once, across all requests"
     )
     cache_cells: int | None = Field(
         None,

@@ -171,5 +171,10 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
     )
     runtime = Runtime(engine, on_death)
     runtime.start()
-    log.info("ready: n_ctx=%d, max_sequences=%d", context.n_ctx, settings.max_sequences)
+    log.info(
+        "ready: n_ctx=%d, max_sequences=%d, tokens_per_call=%d",
+        context.n_ctx,
+        settings.max_sequences,
+        engine.tokens_per_call,
+    )
     return LoadedEngine(model, context, engine, runtime)

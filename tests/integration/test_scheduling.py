@@ -1,5 +1,6 @@
 """Scheduling with the real model: a long prompt prefilled beside a running stream under a
-tight step budget, and the metrics that show where requests wait and how streams flow.
+tight step budget, steps cut into several llama_decode calls, and the metrics that show
+where requests wait and how streams flow.
 
 Gemma only: the scheduler does not depend on the model, and each server costs a start."""
 
@@ -23,9 +24,11 @@ STORY = "The harbor lantern swung in the storm while the keeper counted the boat
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> Iterator[RunningServer]:
     """A tight step budget and few sequences: long prompts go in small chunks beside
-    streams, and a third request of n=2 waits for sequence ids."""
+    streams, and a third request of n=2 waits for sequence ids. Calls of at most 3 tokens:
+    two requests of n=2 decode in two calls a step."""
     args = ["--model", bundled_model, "--n-ctx", "8192", "--max-sequences", "4", "--max-n", "4"]
-    with run_server(tmp_path_factory.mktemp("paced"), *args, "--step-budget", "0.02") as s:
+    pacing = ("--step-budget", "0.02", "--tokens-per-call", "3")
+    with run_server(tmp_path_factory.mktemp("paced"), *args, *pacing) as s:
         yield s
 
 
@@ -81,3 +84,41 @@ def test_requests_beyond_max_sequences_wait_and_the_metrics_say_why(
     short_after = paced.metric('llama_srb_admission_short_steps_total{lacking="sequences"}')
     assert short_after > short_before
     assert paced.metric("llama_srb_sequences_running") == 0
+
+
+def test_a_step_too_big_for_one_call_goes_in_several_and_every_branch_completes(
+    paced: RunningServer,
+) -> None:
+    url = f"{paced.base_url}/v1/completions"
+    steps_before = paced.metric("llama_srb_decode_steps_total")
+    calls_before = paced.metric("llama_srb_decode_step_seconds_count")
+
+    async def two() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=600) as http:
+            return await asyncio.gather(
+                *(
+                    http.post(
+                        url,
+                        json={
+                            "prompt": prompt,
+                            "n": 2,
+                            "max_tokens": 12,
+                            "seed": 5,
+                            "ignore_eos": True,
+                            "logprobs": 1,
+                        },
+                    )
+                    for prompt in ("The old mill", "Across the bay")
+                )
+            )
+
+    for response in asyncio.run(two()):
+        assert response.status_code == 200
+        out = response.json()
+        assert out["usage"]["completion_tokens"] == 24
+        for choice in out["choices"]:  # logprobs read each call's rows before the next
+            assert choice["finish_reason"] == "length"
+            assert len(choice["logprobs"]["tokens"]) == 12
+    steps = paced.metric("llama_srb_decode_steps_total") - steps_before
+    calls = paced.metric("llama_srb_decode_step_seconds_count") - calls_before
+    assert calls >= steps + 8  # most of the 12 steps of two requests of two made two calls

@@ -4,8 +4,11 @@ next replaces its logits. No model."""
 
 from __future__ import annotations
 
+from llama_srb.config import Settings
 from llama_srb.engine.scheduler import PrefillChunk, StepPlan
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus
+from llama_srb.loader import CPU_TOKENS_PER_CALL, tokens_per_call
+from llama_srb.native import has_gpu_device
 from tests.unit.fake_context import Outputs, expected, make_engine, make_request, run
 from tests.unit.test_engine import story
 from tests.unit.test_scheduler import make
@@ -90,3 +93,11 @@ def test_a_failed_call_fails_its_own_requests_and_the_other_calls_go_on() -> Non
     run(engine, out)
     assert out.tokens("second") == {b: expected(second.prompt, b, 4) for b in range(2)}
     assert out.last("second").error is None
+
+
+def test_by_default_calls_stay_below_the_cpu_tile_unless_layers_are_offloaded() -> None:
+    assert tokens_per_call(Settings(tokens_per_call=5)) == 5
+    assert tokens_per_call(Settings(tokens_per_call=0)) == 0
+    assert tokens_per_call(Settings(n_gpu_layers=0)) == CPU_TOKENS_PER_CALL  # nothing offloaded
+    offloaded = has_gpu_device()  # a CUDA (or RPC) build on a machine with the device
+    assert tokens_per_call(Settings()) == (0 if offloaded else CPU_TOKENS_PER_CALL)
