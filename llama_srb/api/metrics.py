@@ -87,7 +87,7 @@ class EngineCollector(Collector):
         )
         yield _histogram(
             "llama_srb_decode_step_seconds",
-            "Duration of each llama_decode call (one engine step)",
+            "Duration of each llama_decode call (a step makes one or more: --tokens-per-call)",
             stats.decode_step_seconds,
         )
         yield _histogram(
