@@ -1,8 +1,10 @@
 """A step's decode rows from many requests: one llama_decode call against calls of at most
-63 tokens (--tokens-per-call's default on the CPU), side by side in one run.
+63 tokens (--tokens-per-call's default on the CPU), side by side in one run; then a
+prompt chunk's cost per token on either side of the 64-row tile.
 
     .venv/bin/python bench/bench_calls.py [--widths 32,64,96,128,160] [--cached 0,4000]
-                                          [--repeat 4] [--model gemma-3-270m]
+                                          [--chunks 16,32,48,63,64,96,128,512]
+                                          [--prefix 4000] [--repeat 4] [--model gemma-3-270m]
 
 Each of width/8 requests has its own 20-token prompt and 8 branches that have decoded 16
 tokens together, so, as under load, a branch's cells lie spread over the cache. Then a
@@ -11,6 +13,10 @@ tokens; each cell is the median of --repeat steps. --cached first fills that man
 with an unrelated story, as the prefix cache would. On the CPU, llama.cpp's flash
 attention takes 64 or more rows in tiles of 64, and a tile attends over every cell that
 any of its rows may see: rows of many requests make it attend over all their cells.
+Below 64 rows it goes row by row instead: cheap over scattered cells, slower per token
+over one long prompt. The second table times a prompt chunk of each size appended to a
+--prefix-token prompt (and removed again), as beside a stream a long prompt goes in small
+chunks.
 """
 
 from __future__ import annotations
@@ -81,11 +87,26 @@ class Steps:
             self.step(width, PROMPT + GROWN + k, per_call) for k in range(repeat)
         )
 
+    def median_chunk(self, prefix: int, size: int, repeat: int) -> float:
+        """Seconds of a `size`-token chunk after a `prefix`-token prompt (already held)."""
+        tokens = [100 + (i * 7) % 5000 for i in range(prefix, prefix + size)]
+        times = []
+        for _ in range(repeat):
+            self.batch.clear()
+            self.batch.add_span(tokens, prefix, 0, False)
+            started = time.perf_counter()
+            self.ctx.decode(self.batch)
+            times.append(time.perf_counter() - started)
+            self.ctx.seq_rm(0, prefix, -1)
+        return statistics.median(times)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--widths", default="32,64,96,128,160")
     parser.add_argument("--cached", default="0,4000")
+    parser.add_argument("--chunks", default="16,32,48,63,64,96,128,512")
+    parser.add_argument("--prefix", type=int, default=4000)
     parser.add_argument("--repeat", type=int, default=4)
     parser.add_argument("--model", default=DEFAULT)
     args = parser.parse_args()
@@ -105,6 +126,13 @@ def main() -> None:
                 f" | {split / one:.2f} |",
                 flush=True,
             )
+    C.llama_memory_clear(steps.ctx.memory, True)
+    steps._prefill([100 + (i * 7) % 5000 for i in range(args.prefix)], 0)
+    print(f"\n| prompt chunk after {args.prefix:,} tokens | time | per token |")
+    print("|---:|---:|---:|")
+    for size in map(int, args.chunks.split(",")):
+        seconds = steps.median_chunk(args.prefix, size, args.repeat)
+        print(f"| {size} | {seconds * 1000:.0f} ms | {seconds * 1000 / size:.2f} ms |", flush=True)
     print(f"\n.venv/bin/python bench/bench_calls.py {' '.join(sys.argv[1:])}".rstrip())
 
 
