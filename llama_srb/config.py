@@ -93,7 +93,11 @@ class Settings(BaseSettings):
     )
     max_n: int = Field(64, ge=1, le=256, description="largest `n` a request may ask for")
     n_batch: int = Field(
-        512, ge=32, le=8192, description="tokens per llama_decode call (decode + prefill chunk)"
+        512,
+        ge=32,
+        le=8192,
+        description="tokens a step carries at most (decode rows + prompt chunks), and"
+        " llama.cpp's batch size",
     )
     step_budget: float = Field(
         0.15,
