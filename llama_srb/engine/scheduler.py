@@ -67,10 +67,14 @@ class StepPlan:
         if max_tokens <= 0 or self.n_tokens <= max_tokens:
             return [self]
         calls: list[StepPlan] = []
+        filled = max_tokens  # tokens in the last call: none yet, so the first unit opens one
 
         def call_with_room(size: int) -> StepPlan:
-            if not calls or calls[-1].n_tokens + size > max_tokens:
+            nonlocal filled
+            if filled + size > max_tokens:
                 calls.append(StepPlan())
+                filled = 0
+            filled += size
             return calls[-1]
 
         for _, group in groupby(self.decode, key=lambda row: id(row[0])):
