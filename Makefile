@@ -18,9 +18,12 @@ BUILDS     := $(HOME)/.cache/llama-srb
 WHEELS     := $(BUILDS)/wheels/llama-cpp-python-$(LLAMA_CPP)-rpc
 WHEEL      := $(WHEELS)/.built
 RPC_SERVER := $(BUILDS)/rpc-server-$(LLAMA_CPP)/bin/ggml-rpc-server
+SRC        := $(BUILDS)/src-$(LLAMA_CPP)
+LLAMA_SRC  := $(SRC)/llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp
+LLAMA_TOOLS := $(BUILDS)/llama-tools-$(LLAMA_CPP)
 RPC_PORT   ?= 50052
 
-.PHONY: serve test lint bench install screenshot rpc-worker
+.PHONY: serve test lint bench install screenshot rpc-worker llama-tools
 
 install: $(STAMP)
 
@@ -48,18 +51,33 @@ $(WHEEL): | $(CMAKE)
 		--no-binary llama-cpp-python llama-cpp-python==$(LLAMA_CPP) -w $(WHEELS)
 	@touch $@
 
-# llama.cpp's rpc-server, from the llama.cpp inside the same llama-cpp-python source.
-$(RPC_SERVER): | $(CMAKE) $(STAMP)
+# llama.cpp's own sources, from the same llama-cpp-python sdist: rpc-server and the
+# comparison tools below are built from them, so every binary matches the wheel's llama.cpp.
+$(SRC)/.extracted: | $(STAMP)
+	rm -rf $(SRC) && mkdir -p $(SRC)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP) -d $(SRC)
+	tar xzf $(SRC)/llama_cpp_python-$(LLAMA_CPP).tar.gz -C $(SRC)
+	@touch $@
+
+# llama.cpp's rpc-server (a few minutes, once).
+$(RPC_SERVER): | $(CMAKE) $(SRC)/.extracted
 	@echo ">> building llama.cpp's rpc-server $(LLAMA_CPP) (once: a few minutes)"
-	rm -rf $(BUILDS)/src-$(LLAMA_CPP) && mkdir -p $(BUILDS)/src-$(LLAMA_CPP)
-	$(PY) -m pip download --quiet --no-deps --no-binary :all: llama-cpp-python==$(LLAMA_CPP) \
-		-d $(BUILDS)/src-$(LLAMA_CPP)
-	tar xzf $(BUILDS)/src-$(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP).tar.gz -C $(BUILDS)/src-$(LLAMA_CPP)
-	$(CMAKE) -S $(BUILDS)/src-$(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp \
-		-B $(BUILDS)/rpc-server-$(LLAMA_CPP) -DCMAKE_BUILD_TYPE=Release -DGGML_RPC=ON \
-		-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+	$(CMAKE) -S $(LLAMA_SRC) -B $(BUILDS)/rpc-server-$(LLAMA_CPP) -DCMAKE_BUILD_TYPE=Release \
+		-DGGML_RPC=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
 	$(CMAKE) --build $(BUILDS)/rpc-server-$(LLAMA_CPP) --target ggml-rpc-server -j$$(nproc)
+
+# llama.cpp's llama-server and llama-batched-bench, for the benchmarks that compare with
+# them side by side (bench/; `make llama-tools`, once: about 10 minutes on 2 cores).
+$(LLAMA_TOOLS)/.built: | $(CMAKE) $(SRC)/.extracted
+	@echo ">> building llama.cpp's llama-server and llama-batched-bench $(LLAMA_CPP)"
+	$(CMAKE) -S $(LLAMA_SRC) -B $(LLAMA_TOOLS) -DCMAKE_BUILD_TYPE=Release \
+		-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+	$(CMAKE) --build $(LLAMA_TOOLS) --target llama-server llama-batched-bench -j$$(nproc)
+	@touch $@
+
+llama-tools: $(LLAMA_TOOLS)/.built
 
 # A worker for `llama-srb serve --rpc host:port`: RPC_HOST=0.0.0.0 to serve other machines
 # (llama.cpp's RPC has no authentication: keep it on a trusted network).
