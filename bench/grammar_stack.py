@@ -48,7 +48,7 @@ import numpy as np
 import llama_cpp as C
 from llama_srb.native import Model
 from llama_srb.config import Settings
-from llama_srb.sampling.grammar import _TOKEN_DATA
+from llama_srb.sampling.grammar import TOKEN_DATA
 
 grammar_text, stack_mib = sys.stdin.read(), int(sys.argv[1])
 model = Model(Settings().resolved_model_path())
@@ -59,7 +59,7 @@ def run():
     g = C.llama_sampler_init_grammar(model.vocab, grammar_text.encode(), b"root")
     assert g, "did not parse"
     for _ in range(8):
-        data = np.zeros(model.n_vocab, _TOKEN_DATA)
+        data = np.zeros(model.n_vocab, TOKEN_DATA)
         data["id"] = np.arange(model.n_vocab)
         arr = C.llama_token_data_array(data=data.ctypes.data_as(C.llama_token_data_p),
                                        size=model.n_vocab, selected=-1, sorted=False)

@@ -346,6 +346,7 @@ class Context:
         self.n_ctx: int = C.llama_n_ctx(self.ptr)
         self.n_batch: int = C.llama_n_batch(self.ptr)
         self.memory = C.llama_get_memory(self.ptr)
+        self._n_outputs = 0  # logits rows of the last decode
 
     def close(self) -> None:
         if self.ptr:
@@ -364,14 +365,19 @@ class Context:
             self.seq_rm(0, -1, -1)
 
     def decode(self, batch: Batch) -> None:
+        self._n_outputs = 0
         code = C.llama_decode(self.ptr, batch.struct)
         if code != 0:
             raise DecodeError(code)
+        self._n_outputs = batch.n_outputs
 
-    def logits(self, index: int) -> npt.NDArray[np.float32]:
-        """The logits row of batch position `index`, as a writable view (no copy)."""
-        ptr = C.llama_get_logits_ith(self.ptr, index)
-        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,))
+    def logits(self) -> npt.NDArray[np.float32]:
+        """The last decode's logits, one row per token that asked for them in batch order
+        (`Batch.add` returns each one's row): a writable view of llama.cpp's buffer."""
+        if not self._n_outputs:
+            return np.empty((0, self.model.n_vocab), np.float32)
+        ptr = C.llama_get_logits(self.ptr)
+        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.model.n_vocab))
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)
@@ -393,13 +399,14 @@ class Batch:
         self._seq_id = self.struct.seq_id
         self._logits = self.struct.logits
         self.n_tokens = 0
+        self.n_outputs = 0  # tokens that asked for logits
 
     def clear(self) -> None:
-        self.n_tokens = 0
+        self.n_tokens = self.n_outputs = 0
         self.struct.n_tokens = 0
 
     def add(self, token: int, pos: int, seq_id: int, logits: bool) -> int:
-        """Append one token; returns its index in the batch (where its logits land)."""
+        """Append one token; returns its logits row after the decode (-1: no logits)."""
         i = self.n_tokens
         if i >= self.capacity:
             raise NativeError(f"batch overflow: capacity {self.capacity}")
@@ -410,7 +417,10 @@ class Batch:
         self._logits[i] = logits
         self.n_tokens = i + 1
         self.struct.n_tokens = self.n_tokens
-        return i
+        if not logits:
+            return -1
+        self.n_outputs += 1
+        return self.n_outputs - 1
 
     def add_span(
         self,
@@ -420,8 +430,9 @@ class Batch:
         logits_last: bool,
         logits_all: bool = False,
     ) -> int:
-        """Append consecutive tokens of one sequence; returns the last one's index.
-        `logits_all` asks for every token's logits (to score a prompt), not just the last."""
+        """Append consecutive tokens of one sequence; returns the last one's logits row
+        (-1: none). `logits_all` asks for every token's logits (to score a prompt), not
+        just the last."""
         last = len(tokens) - 1
         index = -1
         for offset, token in enumerate(tokens):

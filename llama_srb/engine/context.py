@@ -4,7 +4,7 @@ computes logits from a table (tests/unit/fake_context.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -30,19 +30,15 @@ class DecodeContext(Protocol):
     @property
     def n_batch(self) -> int: ...
 
-    @property
-    def ptr(self) -> Any:
-        """What a sampler reads this step's logits through (`Sampler.sample`)."""
-        ...
-
     def warm_up(self, token: int) -> None: ...
 
     def decode(self, batch: Batch) -> None:
         """Raises DecodeError when llama.cpp refuses the batch."""
         ...
 
-    def logits(self, index: int) -> npt.NDArray[np.float32]:
-        """The logits row of batch position `index`, writable in place."""
+    def logits(self) -> npt.NDArray[np.float32]:
+        """The last decode's logits rows, in the order `Batch.add` numbered them,
+        writable in place."""
         ...
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...

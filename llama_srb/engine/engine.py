@@ -28,8 +28,9 @@ from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequ
 from llama_srb.native import Batch, DecodeError, Model
 from llama_srb.sampling.banned import Bans
 from llama_srb.sampling.branch import build_samplers
+from llama_srb.sampling.cut import Row, column_maxima
 from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
-from llama_srb.sampling.logprobs import RowScores, score_token
+from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
 
@@ -109,7 +110,7 @@ class Engine:
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
-        self._eog = np.array(model.eog_tokens, dtype=np.int64)
+        self._eog = np.unique(np.array(model.eog_tokens, dtype=np.int64))
         self._eog_set = frozenset(model.eog_tokens)  # per-token check without a C call
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
@@ -174,12 +175,13 @@ class Engine:
         seconds = 0.0
         for call in plan.calls(self.tokens_per_call):
             try:
-                seconds += self._decode(call)
+                chunk_rows, elapsed = self._decode(call)
             except DecodeError as exc:  # this call failed: its requests end, others go on
                 failed += self.fail(call.requests, str(exc))
                 continue
+            seconds += elapsed
             self._apply(self.scheduler.prefilled(call))
-            self._sample(call, sampled)
+            self._sample(call, chunk_rows, sampled)
         self.stats.steps += 1
         n_prefill = plan.n_tokens - len(plan.decode)
         self.pacer.observe(len(plan.decode), n_prefill, seconds)
@@ -204,30 +206,34 @@ class Engine:
             kv_cells_total=budget.n_cells,
         )
 
-    def _decode(self, plan: StepPlan) -> float:
-        """One llama_decode call; returns its seconds."""
+    def _decode(self, call: StepPlan) -> tuple[list[int], float]:
+        """One llama_decode call: the decode rows first (output row i is the call's i-th),
+        then the prompt chunks. Returns each chunk's last output row (-1: none), and the
+        seconds llama_decode took."""
         batch = self.batch
         batch.clear()
-        for request, seq in plan.decode:
-            seq.batch_index = batch.add(seq.tokens[-1], self._pos(request, seq), seq.seq_id, True)
-        for chunk in plan.prefill:
+        for request, seq in call.decode:
+            batch.add(seq.tokens[-1], self._pos(request, seq), seq.seq_id, True)
+        chunk_rows = []
+        for chunk in call.prefill:
             request = chunk.request
             tokens = request.prompt[chunk.start : chunk.end]
-            last = batch.add_span(
-                tokens,
-                chunk.start,
-                request.primary.seq_id,
-                chunk.completes_prompt,
-                logits_all=request.prompt_logprobs,
+            chunk_rows.append(
+                batch.add_span(
+                    tokens,
+                    chunk.start,
+                    request.primary.seq_id,
+                    chunk.completes_prompt,
+                    logits_all=request.prompt_logprobs,
+                )
             )
-            request.batch_index = last
         started = time.perf_counter()
         self.ctx.decode(batch)
         elapsed = time.perf_counter() - started
         self.stats.decode_seconds += elapsed
         self.stats.decode_step_seconds.observe(elapsed)
-        self.stats.prompt_tokens_evaluated += plan.n_tokens - len(plan.decode)
-        return elapsed
+        self.stats.prompt_tokens_evaluated += call.n_tokens - len(call.decode)
+        return chunk_rows, elapsed
 
     def _observe_admission(self, plan: StepPlan) -> None:
         now = time.monotonic()
@@ -251,56 +257,71 @@ class Engine:
                 self._last_output_at.pop(output.request_id, None)
 
     def _sample(
-        self, plan: StepPlan, sampled: dict[int, tuple[Request, list[ChoiceDelta]]]
+        self,
+        call: StepPlan,
+        chunk_rows: list[int],
+        sampled: dict[int, tuple[Request, list[ChoiceDelta]]],
     ) -> None:
         """Every branch with logits in this call samples its next token; per request, in
-        plan order, the deltas of its branches join `sampled`."""
+        plan order, the deltas of its branches join `sampled`. The rows are read once for
+        all of them, into their column maxima (sampling/cut.py)."""
+        logits = self.ctx.logits()
+        if not len(logits):
+            return
+        maxima = column_maxima(logits)
 
         def deltas(request: Request) -> list[ChoiceDelta]:
             return sampled.setdefault(id(request), (request, []))[1]
 
-        for chunk in plan.prefill:
+        for chunk, last in zip(call.prefill, chunk_rows, strict=True):
             request = chunk.request
             if request.prompt_logprobs:
-                self._score_prompt(chunk)
+                self._score_prompt(chunk, logits, last)
             if chunk.completes_prompt:  # forked: every branch samples from the last row
                 self.stats.prompt_tokens_cached += request.n_cached
-                out = deltas(request)
+                row = Row(logits[last], maxima[last])
+                if request.params.banned_strings:  # kept for rewinds to a branch's start
+                    request.first_row = (row.logits.copy(), row.colmax.copy())
+                scores = self._scores(request, row)
                 # distinct_openings: each branch's first token is one no earlier one drew
                 taken: set[int] | None = set() if request.params.distinct_openings else None
-                if request.params.banned_strings:  # kept for rewinds to a branch's start
-                    request.first_row = self.ctx.logits(request.batch_index).copy()
+                out = deltas(request)
                 for seq in request.sequences:
-                    seq.batch_index = request.batch_index
-                    out.append(self._sample_branch(request, seq, taken))
-        for request, seq in plan.decode:
-            deltas(request).append(self._sample_branch(request, seq))
+                    out.append(self._next_delta(request, seq, row, scores, taken))
+        for i, (request, seq) in enumerate(call.decode):
+            row = Row(logits[i], maxima[i])
+            deltas(request).append(self._next_delta(request, seq, row, self._scores(request, row)))
 
-    def _score_prompt(self, chunk: PrefillChunk) -> None:
+    @staticmethod
+    def _scores(request: Request, row: Row) -> RowScores | None:
+        """The row's normalizer and top alternatives, when the request reads logprobs (or
+        ranks its branches: best_of); read before any sampler changes the row."""
+        if not request.scores_tokens:  # the common case: no pass over the row for them
+            return None
+        return RowScores(row, request.params.logprobs or 0)
+
+    def _score_prompt(
+        self, chunk: PrefillChunk, logits: npt.NDArray[np.float32], last: int
+    ) -> None:
         """echo + logprobs: score each prompt token from the logits of the one before it."""
         request = chunk.request
         scores = request.prompt_scores
         # Position 0 has nothing before it; positions shared from another sequence were
         # not computed here, so they have no logits either.
         scores.extend([None] * (chunk.start + 1 - len(scores)))
-        first = request.batch_index - (chunk.end - chunk.start - 1)  # batch index of chunk.start
+        first = last - (chunk.end - chunk.start - 1)  # the output row of chunk.start
         k = request.params.logprobs or 0
         for pos in range(chunk.start + 1, min(chunk.end + 1, request.prompt_len)):
-            row = self.ctx.logits(first + pos - 1 - chunk.start)
-            scores.append(score_token(row, request.prompt[pos], k))
-
-    def _sample_branch(
-        self, request: Request, seq: Sequence, taken: set[int] | None = None
-    ) -> ChoiceDelta:
-        """The branch's delta for this step, with its tokens' logprobs when asked for."""
-        if not request.scores_tokens:  # the common case: no numpy over the logits row
-            return self._next_delta(request, seq, None, taken)
-        # Read before _next_delta masks the row: logprobs are of the model's distribution.
-        scores = RowScores(self.ctx.logits(seq.batch_index), request.params.logprobs or 0)
-        return self._next_delta(request, seq, scores, taken)
+            row = Row(logits[first + pos - 1 - chunk.start])
+            scores.append(RowScores(row, k).entry(request.prompt[pos]))
 
     def _next_delta(
-        self, request: Request, seq: Sequence, scores: RowScores | None, taken: set[int] | None
+        self,
+        request: Request,
+        seq: Sequence,
+        row: Row,
+        scores: RowScores | None,
+        taken: set[int] | None = None,
     ) -> ChoiceDelta:
         """Sample the next token and turn it into text; a finish reason when the branch
         ends here (the scheduler then releases it). A token that began a banned phrase
@@ -310,11 +331,9 @@ class Engine:
         released = seq.decoder.released
         if params.max_tokens == 0:
             return self._last_delta(request, seq, released, FinishReason.LENGTH)
-        if params.ignore_eos or len(seq.tokens) < params.min_tokens:
-            self.ctx.logits(seq.batch_index)[self._eog] = -np.inf
-        row = None  # this step's row; after a rewind to the start, the prompt's last one
+        mask_eog = params.ignore_eos or len(seq.tokens) < params.min_tokens
         while True:
-            token = self._pick(seq, taken, row)
+            token = self._pick(seq, row, mask_eog, taken)
             if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
                 return self._last_delta(request, seq, released, FinishReason.STOP)
             self.stats.generated_tokens += 1
@@ -332,37 +351,28 @@ class Engine:
             if rewind is Rewind.LATER:
                 return ChoiceDelta(seq.index)
             if rewind is Rewind.FIRST:
-                row, scores = self._first_row(request, scores is not None)
+                row = self._first_row(request)
+                scores = self._scores(request, row)
         if seq.decoder.stopped:
             return self._last_delta(request, seq, released, FinishReason.STOP, text, 1)
         if len(seq.tokens) >= params.max_tokens:
             return self._last_delta(request, seq, released, FinishReason.LENGTH, text, 1)
         return self._delta(request, seq, released, text, None, 1)
 
-    def _pick(
-        self, seq: Sequence, taken: set[int] | None, row: npt.NDArray[np.float32] | None
-    ) -> int:
-        """The branch's sampler's token from this step's row (or `row`), never one banned
-        at this position (nor, for a distinct opening, one in `taken`, which it joins)."""
+    def _pick(self, seq: Sequence, row: Row, mask_eog: bool, taken: set[int] | None) -> int:
+        """The branch's sampler's token from `row`, never one banned at this position nor
+        (masked) end-of-generation; for a distinct opening, not one in `taken`, which it
+        joins."""
         assert seq.sampler is not None
         banned = seq.bans.at(len(seq.tokens)) if seq.bans is not None else None
-        if banned is None and taken is None and row is None:
-            return seq.sampler.sample(self.ctx.ptr, seq.batch_index)
-        own_row = row is not None
-        row = self.ctx.logits(seq.batch_index) if row is None else row
-        saved = row[banned].copy() if banned else None
+        forbidden = self._eog if mask_eog else None
         if banned:
-            row[banned] = -np.inf
-        try:
-            if taken is None and not own_row:
-                return seq.sampler.sample(self.ctx.ptr, seq.batch_index)
-            token = seq.sampler.opening(row, set() if taken is None else taken)
-            if taken is not None:
-                taken.add(token)
-            return token
-        finally:
-            if banned:  # the row may be every branch's (the fork step): put it back
-                row[banned] = saved
+            ids = np.asarray(banned, dtype=np.int64)
+            forbidden = np.unique(ids if forbidden is None else np.concatenate([forbidden, ids]))
+        token = seq.sampler.sample(row, forbidden, taken)
+        if taken is not None:
+            taken.add(token)
+        return token
 
     def _rewind(self, request: Request, seq: Sequence) -> Rewind:
         """A banned phrase began in the branch's token k: take the branch back to before
@@ -389,17 +399,12 @@ class Engine:
         self._apply([KvOp.remove(seq.seq_id, request.prompt_len + k - 1)])
         return Rewind.LATER
 
-    def _first_row(
-        self, request: Request, scored: bool
-    ) -> tuple[npt.NDArray[np.float32], RowScores | None]:
-        """A copy of the prompt's last row to sample a branch's first token from again,
-        masked as the fork step masked it; and its scores, when the request wants them."""
+    @staticmethod
+    def _first_row(request: Request) -> Row:
+        """A copy of the prompt's last row, to sample a branch's first token from again."""
         assert request.first_row is not None
-        row = request.first_row.copy()
-        scores = RowScores(row, request.params.logprobs or 0) if scored else None
-        if request.params.ignore_eos or request.params.min_tokens > 0:
-            row[self._eog] = -np.inf
-        return row, scores
+        logits, maxima = request.first_row
+        return Row(logits.copy(), maxima.copy())
 
     def _delta(
         self,

@@ -50,10 +50,12 @@ class Decoder(Protocol):
 
 
 class Sampler(Protocol):
-    def sample(self, ctx: Any, batch_index: int) -> int: ...
+    """A branch's sampler chain (sampling/branch.py): the next token from a row (never
+    one of `forbidden`; with `taken`, a distinct opening), and back to fewer tokens."""
+
+    def sample(self, row: Any, forbidden: Any = None, taken: set[int] | None = None) -> int: ...
     def close(self) -> None: ...
     def rewind(self, kept: list[int]) -> None: ...
-    def opening(self, row: Any, taken: set[int]) -> int: ...
 
 
 class Collector(Protocol):
@@ -70,7 +72,6 @@ class Sequence:
     seq_id: int = -1  # llama.cpp sequence id while live, else -1
     tokens: list[int] = field(default_factory=list)  # generated so far
     finish_reason: FinishReason | None = None
-    batch_index: int = -1  # where this step's logits land
     # The logprob of each token in `tokens`, when the request asks for logprobs or ranks
     # its branches (best_of); cut back with `tokens` on a rewind.
     scores: list[TokenLogprob] = field(default_factory=list)
@@ -95,7 +96,6 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
     n_cached: int = 0  # of those, how many were shared from cached or live sequences
-    batch_index: int = -1  # logits index of the last prompt token, in the step that ends prefill
     arrival: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     error: str | None = None
@@ -103,9 +103,9 @@ class Request:
     # computed here (a prefix shared from another sequence would have none).
     prompt_logprobs: bool = False
     prompt_scores: list[TokenLogprob | None] = field(default_factory=list)
-    # With banned strings: the logits of the prompt's last token, for a branch rewound to
-    # its first token (its row is gone once the branches have decoded past it).
-    first_row: npt.NDArray[np.float32] | None = None
+    # With banned strings: the logits of the prompt's last token and their column maxima,
+    # for a branch rewound to its first token (the row is gone once branches decode on).
+    first_row: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
     # best_of: decodes every sequence, returns the best n when it ends (engine/best_of.py).
     best_of: Collector | None = None
 

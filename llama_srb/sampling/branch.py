@@ -1,127 +1,338 @@
-"""A branch's sampler: its llama.cpp chain, and what choosing between branches asks of it:
-per-branch settings (`choices_params`), taking tokens back (a banned phrase began there),
-and a first token that no earlier branch of the request drew (`distinct_openings`).
+"""A branch's sampler: its chain run as head → cut → finish over one logits row
+(sampling/chain.py says which sampler runs where), and what choosing between branches asks
+of it: per-branch settings (`choices_params`), taking tokens back (a banned phrase began
+there), and a first token that no earlier branch of the request drew (`distinct_openings`).
+
+Per token, a branch reads its row once, through the column maxima the engine computed for
+the whole step (sampling/cut.py); llama.cpp's samplers see only the few tokens the head can
+change and the cut's survivors. A grammar keeps llama.cpp's grammar sampler over the whole
+row (ConstrainedSampler).
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
+from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp as C
 import numpy as np
 import numpy.typing as npt
 
 from llama_srb.native import Model, SamplerChain
-from llama_srb.sampling.chain import build_chains, history_samplers
+from llama_srb.sampling.chain import (
+    REMEMBERING,
+    ChainPlan,
+    CutKind,
+    build,
+    chain_order,
+    history_window,
+    make,
+    plan_chain,
+)
+from llama_srb.sampling.cut import Ids, Row, Vector, top_p
 from llama_srb.sampling.grammar import (
     GRAMMAR_COMPLETE,
     TOKEN_DATA,
     ConstrainedChain,
-    candidates,
+    clone_grammar,
+    parse_grammar,
     token_ids,
 )
 from llama_srb.sampling.params import SamplingParams
 
-Row = npt.NDArray[np.float32]
+Survivors = npt.NDArray[np.void]  # llama_token_data records
+
+
+class Candidates:
+    """A llama_token_data array that a branch fills and runs its llama.cpp samplers over,
+    reused from token to token (an array and its C struct cost more than the samplers
+    themselves at these sizes)."""
+
+    REUSED = 1 << 14  # larger arrays (every token, for the rare whole-row chains) are not kept
+
+    def __init__(self) -> None:
+        self._data = np.empty(0, TOKEN_DATA)
+        self._array = C.llama_token_data_array()
+        self._ref = ctypes.byref(self._array)
+
+    def run(
+        self, chain: SamplerChain, ids: npt.NDArray[Any], logits: Vector, ordered: bool = True
+    ) -> tuple[int, Survivors]:
+        """llama.cpp's `chain` over the candidates (ids, logits), most likely first when
+        `ordered`: its pick (-1 if it has none) and the candidates that survive its
+        filters (valid until the next run)."""
+        n = len(ids)
+        data = self._data if n <= len(self._data) else np.empty(n, TOKEN_DATA)
+        if len(data) > len(self._data) and n <= self.REUSED:
+            self._data = data
+        data = data[:n]
+        data["id"], data["logit"], data["p"] = ids, logits, 0.0
+        array = self._array
+        array.data = data.ctypes.data_as(C.llama_token_data_p)  # type: ignore[assignment]
+        array.size, array.selected, array.sorted = n, -1, ordered
+        C.llama_sampler_apply(chain.ptr, self._ref)
+        # Filters may move the array's start (XTC drops the top) as well as shorten it.
+        address = ctypes.cast(array.data, ctypes.c_void_p).value or 0
+        start = (address - data.ctypes.data) // TOKEN_DATA.itemsize
+        survivors = data[start : start + array.size]
+        token = int(survivors["id"][array.selected]) if array.selected >= 0 else -1
+        return token, survivors
+
+
+class TokenWindow:
+    """The distinct tokens among a branch's latest `size`: all a remembering sampler
+    (penalties, DRY) can change."""
+
+    def __init__(self, size: int) -> None:
+        self._recent: deque[int] = deque(maxlen=max(size, 1))
+        self._counts: dict[int, int] = {}
+
+    def push(self, token: int) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            self._counts[old] -= 1
+            if not self._counts[old]:
+                del self._counts[old]
+        self._recent.append(token)
+        self._counts[token] = self._counts.get(token, 0) + 1
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        self._recent.clear()
+        self._counts.clear()
+        for token in tokens[-self._recent.maxlen :] if self._recent.maxlen else ():
+            self.push(token)
+
+    def ids(self) -> Ids:
+        return np.fromiter(self._counts, np.int64, len(self._counts))
 
 
 class BranchSampler:
-    """Owns one branch's chain. `history` lists the chain's samplers that remember
-    accepted tokens, as (position in the chain, how many latest tokens they keep)."""
+    """Owns one branch's llama.cpp samplers and runs its plan over a row per token."""
 
     def __init__(
         self,
-        chain: SamplerChain | ConstrainedChain,
+        plan: ChainPlan,
         params: SamplingParams,
         seed: int,
-        history: tuple[tuple[int, int], ...] = (),
+        head: SamplerChain | None,
+        finish: SamplerChain | None,
+        first_cut: SamplerChain | None = None,
+        history: tuple[tuple[SamplerChain, int, int], ...] = (),
     ) -> None:
-        self.chain = chain
+        """`first_cut`: llama.cpp's own top-p, for a row whose cut its columns cannot
+        decide. `history`: the remembering samplers, as (chain, position, window)."""
+        self.plan = plan
         self.params = params
         self.seed = seed
+        self.head = head
+        self.finish = finish
+        self.first_cut = first_cut
         self.history = history
-        # Greedy and mirostat pick one token, not from a distribution left for us to read.
-        self._single_pick = params.greedy or params.mirostat > 0
+        self._window = TokenWindow(max((w for _, _, w in history), default=0)) if head else None
+        bias = sorted(params.logit_bias)
+        self._bias: tuple[Ids, Vector] | None = None
+        if bias:
+            ids, values = zip(*bias, strict=True)
+            self._bias = (np.array(ids, np.int64), np.array(values, np.float32))
         self._rng: np.random.Generator | None = None
+        self._candidates = Candidates()
 
-    def sample(self, ctx: C.llama_context_p, batch_index: int) -> int:
-        return self.chain.sample(ctx, batch_index)
+    @property
+    def rng(self) -> np.random.Generator:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed & 0xFFFFFFFF)
+        return self._rng
 
     def close(self) -> None:
-        self.chain.close()
+        for chain in (self.head, self.finish, self.first_cut):
+            if chain is not None:
+                chain.close()
+
+    # -- one token -----------------------------------------------------------------------
+
+    def sample(self, row: Row, forbidden: Ids | None = None, taken: set[int] | None = None) -> int:
+        """The branch's next token from `row`, never one of `forbidden` (sorted distinct
+        ids: end-of-generation masked, banned at this position); with `taken` (distinct
+        openings), one no earlier branch drew while the chain leaves any. Accepted, as
+        llama_sampler_sample does."""
+        unfiltered = self.plan.cut in (CutKind.GREEDY, CutKind.DRAW)
+        if taken and unfiltered:  # nothing filters: the taken ones are simply ruled out
+            taken_ids = np.fromiter(taken, np.int64, len(taken))
+            both = taken_ids if forbidden is None else np.concatenate([forbidden, taken_ids])
+            forbidden, taken = np.unique(both), None
+        self._patch(row, forbidden)
+        try:
+            token = self._choose(row, taken)
+        finally:
+            row.restore()
+        self.accept(token)
+        return token
+
+    def accept(self, token: int) -> None:
+        for chain in (self.head, self.finish):
+            if chain is not None:
+                C.llama_sampler_accept(chain.ptr, token)
+        if self._window is not None:
+            self._window.push(token)
+
+    def _patch(self, row: Row, forbidden: Ids | None) -> None:
+        """The head over the tokens it can change: masked ones to -inf, then the bias, the
+        penalties and DRY (llama.cpp's own), as the chain's first samplers would."""
+        bias_ids = self._bias[0] if self._bias is not None else None
+        parts = [p for p in (bias_ids, forbidden) if p is not None and len(p)]
+        if self._window is not None:
+            parts.append(self._window.ids())
+        if not parts:
+            return
+        # `forbidden` comes sorted and distinct; anything else is made so
+        only_forbidden = len(parts) == 1 and parts[0] is forbidden
+        ids = parts[0] if only_forbidden else np.unique(np.concatenate(parts))
+        if not len(ids):
+            return
+        values = row.logits[ids]
+        if forbidden is not None and len(forbidden):
+            values[np.searchsorted(ids, forbidden)] = -np.inf
+        if self._bias is not None:
+            np.add.at(values, np.searchsorted(ids, self._bias[0]), self._bias[1])
+        if self.head is not None:  # penalties and DRY change logits in place, keep every token
+            values = self._candidates.run(self.head, ids, values, ordered=False)[1]["logit"]
+        row.patch(ids, values)
+
+    def _choose(self, row: Row, taken: set[int] | None) -> int:
+        plan = self.plan
+        if plan.cut is CutKind.GREEDY:
+            return row.argmax()
+        if plan.cut is CutKind.DRAW:
+            return row.draw(plan.scale, self.rng)
+        assert self.finish is not None
+        survivors = self._cut(row)
+        if survivors is None:  # every candidate, through llama.cpp's own first sampler
+            ids, values = token_ids(len(row.logits)), row.logits
+            if plan.scale != 1.0:
+                values = values * np.float32(plan.scale)
+            ordered = False
+            if self.first_cut is not None:
+                _, cut = self._candidates.run(self.first_cut, ids, values, ordered)
+                ids, values, ordered = cut["id"], cut["logit"], True
+            token, kept = self._candidates.run(self.finish, ids, values, ordered)
+        else:
+            token, kept = self._candidates.run(self.finish, *survivors)
+        if taken and token in taken:
+            token = self._untaken(row, kept, taken)
+        return token
+
+    def _cut(self, row: Row) -> tuple[Ids, Vector] | None:
+        """The survivors of the chain's first filter, most likely first, at the scale of
+        the temperatures before it (None: llama.cpp decides, over every candidate)."""
+        plan, p = self.plan, self.params
+        if plan.cut is CutKind.WHOLE:
+            return None
+        if plan.cut is CutKind.TOP_P:
+            cap = None
+            if plan.cap == "min_p":
+                cap = row.at_least(row.max + math.log(p.min_p) / plan.scale)
+            elif plan.cap == "top_k":
+                cap = row.top_k(p.top_k)
+            cut = top_p(row, p.top_p, plan.scale, cap)
+            if cut is None:
+                return None
+            ids, values = cut
+        else:
+            if plan.cut is CutKind.TOP_K:
+                ids, values, *_ = row.top_k(p.top_k)
+            else:
+                ids, values, *_ = row.at_least(row.max + math.log(p.min_p) / plan.scale)
+            order = np.argsort(-values, kind="stable")
+            ids, values = ids[order], values[order]
+        if plan.scale != 1.0:
+            values = values * np.float32(plan.scale)
+        return ids, values
+
+    def _untaken(self, row: Row, kept: Survivors, taken: set[int]) -> int:
+        """A draw from the survivors' distribution without the taken tokens: with the
+        chain's own draw kept when it was free, exactly a draw from the filtered
+        distribution conditioned on not being taken. When no survivor is free, or the
+        pick is not a draw (mirostat), the most likely token of the row not taken."""
+        if self.params.mirostat == 0:
+            logits = kept["logit"].astype(np.float64)
+            free = np.isfinite(logits) & ~np.isin(kept["id"], np.fromiter(taken, np.int32))
+            if free.any():
+                weights = np.exp(logits[free] - logits[free].max())
+                return int(self.rng.choice(kept["id"][free], p=weights / weights.sum()))
+        return most_likely_untaken(row.logits, taken)
+
+    # -- taking tokens back --------------------------------------------------------------
 
     def rewind(self, kept: Sequence[int]) -> None:
         """Make the chain's memory what it was after accepting `kept` (its branch's tokens
         before the one a banned phrase began in).
 
-        Reset and replay, not snapshots. Measured on Gemma 3 270M (README, "Choosing
-        between branches"): a clone of a chain with penalties and DRY takes 250-480 µs,
-        which a snapshot would pay on every token of every branch; a replay takes ~5 µs
-        per kept token (~15 µs with a grammar, re-parsed by its reset), and only when a
-        phrase was found. Only the samplers that remember are
-        reset: a whole-chain reset would also re-seed dist and XTC, replaying the branch's
-        random draws. Mirostat's running estimate (mu) is not rewound: it is no history."""
-        chain = self.chain.chain if isinstance(self.chain, ConstrainedChain) else self.chain
-        for position, window in self.history:
+        Reset and replay, not snapshots: a clone of a chain with penalties and DRY takes
+        250-480 µs on Gemma 3 270M, which a snapshot would pay on every token of every
+        branch; a replay takes ~5 µs per kept token, and only when a phrase was found.
+        Only the samplers that remember are reset: a whole-chain reset would also re-seed
+        dist and XTC, replaying the branch's random draws. Mirostat's running estimate
+        (mu) is not rewound: it is no history."""
+        for chain, position, window in self.history:
             sampler = C.llama_sampler_chain_get(chain.ptr, position)
             C.llama_sampler_reset(sampler)
             for token in kept[-window:] if window > 0 else ():
                 C.llama_sampler_accept(sampler, token)
-        if isinstance(self.chain, ConstrainedChain) and self.chain.grammar:
-            grammar = self.chain.grammar
-            C.llama_sampler_reset(grammar)  # back to the grammar's start (re-parsed)
+        if self._window is not None:
+            self._window.reset(kept)
+
+
+class ConstrainedSampler:
+    """A branch with a grammar: llama.cpp's whole chain and its grammar sampler over the
+    whole row (sampling/grammar.py)."""
+
+    def __init__(self, chain: ConstrainedChain, history: tuple[tuple[int, int], ...]) -> None:
+        self.chain = chain
+        self.history = history
+
+    def sample(self, row: Row, forbidden: Ids | None = None, taken: set[int] | None = None) -> int:
+        """As BranchSampler.sample, or GRAMMAR_COMPLETE when the grammar allows nothing
+        more. With `taken`, the taken tokens masked first; if the grammar then allows
+        nothing else, the opening may repeat one (never a token it rejects)."""
+        masked = forbidden if forbidden is not None else np.empty(0, np.int64)
+        if taken:
+            masked = np.concatenate([masked, np.fromiter(taken, np.int64, len(taken))])
+        if len(masked):
+            ids = np.unique(masked)
+            row.patch(ids, np.full(len(ids), -np.inf, np.float32))
+        try:
+            token = self.chain.sample_row(row.logits)
+        finally:
+            row.restore()
+        if token == GRAMMAR_COMPLETE and taken:
+            return self.sample(row, forbidden)
+        return token
+
+    def close(self) -> None:
+        self.chain.close()
+
+    def rewind(self, kept: Sequence[int]) -> None:
+        """As BranchSampler.rewind; the grammar goes back to its start and re-reads the
+        kept tokens (~15 µs each)."""
+        for position, window in self.history:
+            sampler = C.llama_sampler_chain_get(self.chain.chain.ptr, position)
+            C.llama_sampler_reset(sampler)
+            for token in kept[-window:] if window > 0 else ():
+                C.llama_sampler_accept(sampler, token)
+        grammar = self.chain.grammar
+        if grammar:
+            C.llama_sampler_reset(grammar)
             for token in kept:
                 C.llama_sampler_accept(grammar, token)
 
-    def opening(self, row: Row, taken: set[int]) -> int:
-        """The branch's first token, never one in `taken` (drawn by earlier branches)
-        while the chain leaves any other: drawn from what survives the chain's filters,
-        without the taken tokens. When none is left, the most likely token of `row` not
-        taken (the filters are relaxed for this one draw). Accepted like `sample`."""
-        if isinstance(self.chain, ConstrainedChain):
-            return self._constrained_opening(self.chain, row, taken)
-        data, array = candidates(row, token_ids(len(row)))
-        C.llama_sampler_apply(self.chain.ptr, ctypes.byref(array))
-        # Filters may move the array's start (XTC drops the top) as well as shorten it.
-        address = ctypes.cast(array.data, ctypes.c_void_p).value or 0
-        start = (address - data.ctypes.data) // TOKEN_DATA.itemsize
-        survivors = data[start : start + array.size]
-        token = int(survivors["id"][array.selected])
-        if token in taken:
-            token = self._redraw(survivors, taken) if not self._single_pick else -1
-            if token < 0:
-                token = most_likely_untaken(row, taken)
-        C.llama_sampler_accept(self.chain.ptr, token)
-        return token
 
-    def _redraw(self, survivors: npt.NDArray[np.void], taken: set[int]) -> int:
-        """A draw from the survivors' distribution without the taken tokens (-1: none
-        left). With the chain's own draw kept when it was free, this is exactly a draw
-        from the filtered distribution conditioned on not being taken."""
-        logits = survivors["logit"].astype(np.float64)
-        free = np.isfinite(logits) & ~np.isin(survivors["id"], np.fromiter(taken, np.int32))
-        if not free.any():
-            return -1
-        weights = np.exp(logits[free] - logits[free].max())
-        if self._rng is None:
-            self._rng = np.random.default_rng(self.seed & 0xFFFFFFFF)
-        return int(self._rng.choice(survivors["id"][free], p=weights / weights.sum()))
-
-    @staticmethod
-    def _constrained_opening(chain: ConstrainedChain, row: Row, taken: set[int]) -> int:
-        """With a grammar: the taken tokens masked, the grammar's own sampling; if the
-        grammar allows nothing else, the opening may repeat one (never a token it
-        rejects: llama.cpp would abort)."""
-        if not taken:
-            return chain.sample_row(row)
-        masked = row.copy()
-        masked[np.fromiter(taken, np.int64)] = -np.inf
-        token = chain.sample_row(masked)
-        return chain.sample_row(row) if token == GRAMMAR_COMPLETE else token
+Sampler = BranchSampler | ConstrainedSampler
 
 
-def most_likely_untaken(row: Row, taken: set[int]) -> int:
+def most_likely_untaken(row: Vector, taken: set[int]) -> int:
     """The most likely token of `row` not in `taken` (`taken` is small: n at most)."""
     k = min(len(row), len(taken) + 1)
     top = np.argpartition(row, -k)[-k:]
@@ -131,22 +342,90 @@ def most_likely_untaken(row: Row, taken: set[int]) -> int:
     raise ValueError("every token is taken")
 
 
-def build_samplers(model: Model, params: SamplingParams, seeds: list[int]) -> list[BranchSampler]:
+def build_samplers(model: Model, params: SamplingParams, seeds: list[int]) -> list[Sampler]:
     """One sampler per branch; branch i uses `params.for_branch(i)` (its `choices_params`
     entry) and `seeds[i]`. Branches with the same settings share one chain build."""
     groups: dict[SamplingParams, list[int]] = {}
     for index in range(len(seeds)):
         groups.setdefault(params.for_branch(index), []).append(index)
-    samplers: list[BranchSampler | None] = [None] * len(seeds)
+    samplers: list[Sampler | None] = [None] * len(seeds)
     try:
         for branch_params, indexes in groups.items():
-            chains = build_chains(model, branch_params, [seeds[i] for i in indexes])
-            history = history_samplers(model, branch_params)
-            for i, chain in zip(indexes, chains, strict=True):
-                samplers[i] = BranchSampler(chain, branch_params, seeds[i], history)
+            group_seeds = [seeds[i] for i in indexes]
+            build_group = _constrained if branch_params.grammar is not None else _planned
+            for i, sampler in zip(
+                indexes, build_group(model, branch_params, group_seeds), strict=True
+            ):
+                samplers[i] = sampler
     except BaseException:
         for built in samplers:
             if built is not None:
                 built.close()
         raise
     return [s for s in samplers if s is not None]
+
+
+def _planned(model: Model, p: SamplingParams, seeds: list[int]) -> list[Sampler]:
+    plan = plan_chain(p)
+    chains: list[SamplerChain] = []  # closed if anything fails before the samplers own them
+    try:
+        heads = build(model, p, plan.head, seeds, pick=False) if plan.head else [None] * len(seeds)
+        chains += [h for h in heads if h is not None]
+        finished = plan.cut not in (CutKind.GREEDY, CutKind.DRAW)
+        finishes = (
+            build(model, p, plan.finish, seeds, pick=True) if finished else [None] * len(seeds)
+        )
+        chains += [f for f in finishes if f is not None]
+        first_cuts = [
+            SamplerChain.of([make(model, p, "top_p", 0)]) if plan.cut is CutKind.TOP_P else None
+            for _ in seeds
+        ]
+        chains += [c for c in first_cuts if c is not None]
+    except BaseException:
+        for chain in chains:
+            chain.close()
+        raise
+    samplers: list[Sampler] = []
+    for seed, head, finish, first_cut in zip(seeds, heads, finishes, first_cuts, strict=True):
+        history = tuple(
+            (chain, position, history_window(model, p, name))
+            for chain, names in ((head, plan.head), (finish, plan.finish))
+            if chain is not None
+            for position, name in enumerate(names)
+            if name in REMEMBERING
+        )
+        samplers.append(BranchSampler(plan, p, seed, head, finish, first_cut, history))
+    return samplers
+
+
+def _constrained(model: Model, p: SamplingParams, seeds: list[int]) -> list[Sampler]:
+    """Branches with a grammar: the whole chain (bias first), wrapped with a clone of the
+    grammar parsed once. Raises ParamError when the grammar does not parse."""
+    assert p.grammar is not None
+    names = chain_order(p)
+    first = 1 if p.logit_bias else 0
+    history = tuple(
+        (position, history_window(model, p, name))
+        for position, name in enumerate(names, start=first)
+        if name in REMEMBERING
+    )
+    grammar = parse_grammar(model, p.grammar)
+    try:
+        chains = build(model, p, names, seeds, pick=True, bias=True)
+    except BaseException:
+        C.llama_sampler_free(grammar)
+        raise
+    samplers: list[Sampler] = []
+    try:
+        for chain in chains:
+            constrained = ConstrainedChain(chain, clone_grammar(grammar), model.n_vocab)
+            samplers.append(ConstrainedSampler(constrained, history))
+    except BaseException:
+        for sampler in samplers:
+            sampler.close()
+        for chain in chains[len(samplers) :]:
+            chain.close()
+        raise
+    finally:
+        C.llama_sampler_free(grammar)
+    return samplers

@@ -1,61 +1,35 @@
-"""SamplingParams → a llama.cpp sampler chain, built in C, one per sequence.
+"""SamplingParams → a branch's sampler chain, as llama.cpp's pieces and a plan of who does what.
 
 By default the order is llama.cpp's own default chain, so a setting means here what it
 means there: bias → penalties → DRY → top-n-sigma → top-k → typical → top-p → min-p → XTC
 → temperature → pick (dist, mirostat, or greedy at temperature 0). `sampler_order` (from
 llama.cpp's `samplers` field) reorders the samplers between the bias and the pick, as
-llama-server does. A grammar, when given, wraps the chain (sampling/grammar.py).
+llama-server does.
+
+A chain runs in three parts (`ChainPlan`); which sampler takes which path is the table in
+docs/sampling.md:
+- the head: the bias (numpy) and the penalties and DRY before the first cut, llama.cpp's
+  own, applied to the few tokens they can change (the branch's history and the biased
+  tokens), not to the whole vocabulary;
+- the cut: the chain's first filter over the whole row, found by sampling/cut.py (top-k,
+  min-p, top-p, the greedy pick, a draw from every token); or, for a first sampler that
+  needs every candidate (typical, top-n-sigma, XTC, mirostat, dynamic temperature), none:
+  then llama.cpp's chain runs from it over the whole vocabulary, as before;
+- the finish: llama.cpp's own samplers after the cut, and the pick, over its survivors.
+A grammar runs the whole chain through llama.cpp's grammar sampler (sampling/grammar.py).
 """
 
 from __future__ import annotations
 
 import ctypes
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import llama_cpp as C
 
 from llama_srb.native import Model, SamplerChain
-from llama_srb.sampling.grammar import ConstrainedChain, clone_grammar, parse_grammar
 from llama_srb.sampling.params import SamplingParams
-
-
-def build_chains(
-    model: Model, params: SamplingParams, seeds: list[int]
-) -> list[SamplerChain | ConstrainedChain]:
-    """One chain per branch; `seeds[i]` is already `base seed + choice index`.
-
-    The chain up to its first seeded sampler (bias, penalties, DRY, the filters, in the
-    default order) is built once and cloned for each branch, which then gets the rest:
-    DRY's setup scans the vocabulary for every sequence breaker (~50 ms each here), and
-    cloning copies the result. A grammar is parsed once and cloned the same way. Raises ParamError when the
-    grammar does not parse.
-    """
-    names = chain_order(params)
-    split = next((i for i, name in enumerate(names) if name in SEEDED), len(names))
-    shared = SamplerChain.of(
-        _bias(model, params) + [_make(model, params, n, 0) for n in names[:split]]
-    )
-    grammar = None
-    chains: list[SamplerChain | ConstrainedChain] = []
-    try:
-        grammar = parse_grammar(model, params.grammar) if params.grammar is not None else None
-        for seed in seeds:
-            chain = shared.clone()
-            chains.append(chain)  # owned by the list from here: closed if a later step fails
-            seed &= 0xFFFFFFFF
-            chain.extend([_make(model, params, n, seed) for n in names[split:]])
-            chain.extend(_pick(model, params, seed))
-            if grammar is not None:
-                chains[-1] = ConstrainedChain(chain, clone_grammar(grammar), model.n_vocab)
-    except BaseException:
-        for built in chains:
-            built.close()
-        raise
-    finally:
-        shared.close()
-        if grammar is not None:
-            C.llama_sampler_free(grammar)
-    return chains
-
 
 DEFAULT_ORDER = (
     "penalties",
@@ -72,6 +46,35 @@ SEEDED = frozenset({"xtc", "temperature"})  # built per branch: they hold its se
 # What greedy and mirostat keep before their pick: the samplers that shape the logits
 # without cutting the candidates (mirostat does its own cutting, greedy needs none).
 _BEFORE_ANY_PICK = frozenset({"penalties", "dry"})
+REMEMBERING = frozenset({"penalties", "dry"})  # they keep the tokens a branch accepted
+
+
+class CutKind(enum.Enum):
+    GREEDY = "greedy"  # the most likely token: no filter, greedy pick
+    DRAW = "draw"  # no filter, a draw from every token (at the chain's temperature)
+    TOP_K = "top_k"
+    MIN_P = "min_p"
+    TOP_P = "top_p"
+    WHOLE = "whole"  # the first sampler needs every candidate: llama.cpp over the row
+
+
+CUTS = frozenset({"top_k", "min_p", "top_p"})  # first filters found over the row (cut.py)
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    """The chain between the bias and the pick, split where its first cut is.
+
+    `head`: the penalties and DRY before it. `cut`: what finds it over the whole row;
+    `scale` is the product of 1/temperature of the plain temperatures before it, and
+    `cap` a prefix cut (min-p, top-k) right after a top-p, decided together with it.
+    `finish`: llama.cpp's samplers after the cut (all of them for WHOLE), then the pick."""
+
+    head: tuple[str, ...]
+    cut: CutKind
+    finish: tuple[str, ...] = ()
+    scale: float = 1.0
+    cap: str | None = None
 
 
 def chain_order(p: SamplingParams) -> list[str]:
@@ -83,26 +86,41 @@ def chain_order(p: SamplingParams) -> list[str]:
     return [n for n in order if _is_on(n, p) and (keep is None or n in keep)]
 
 
-def history_samplers(model: Model, p: SamplingParams) -> tuple[tuple[int, int], ...]:
-    """The samplers of a chain that remember the tokens it accepted (penalties, DRY), as
-    (position in the chain, how many of the latest tokens they remember): what a rewind
-    restores (sampling/branch.py)."""
-    first = 1 if p.logit_bias else 0
-    out = []
-    for position, name in enumerate(chain_order(p), start=first):
-        if name == "penalties":
-            out.append((position, model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n))
-        elif name == "dry":
-            last_n = model.n_ctx_train if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n
-            out.append((position, last_n))
-    return tuple(out)
+def plan_chain(p: SamplingParams) -> ChainPlan:
+    names = chain_order(p)
+    split = next((i for i, n in enumerate(names) if n not in REMEMBERING), len(names))
+    head, rest = tuple(names[:split]), tuple(names[split:])
+    if p.greedy:
+        return ChainPlan(head, CutKind.GREEDY)
+    if p.mirostat:
+        return ChainPlan(head, CutKind.WHOLE, rest)
+    scale = 1.0
+    for i, name in enumerate(rest):
+        if name == "temperature" and p.dynatemp_range <= 0:
+            scale /= p.temperature  # a plain temperature before the cut scales the row
+        elif name in CUTS:
+            following = rest[i + 1] if i + 1 < len(rest) else None
+            cap = following if name == "top_p" and following in ("min_p", "top_k") else None
+            return ChainPlan(head, CutKind(name), rest[i + 1 :], scale, cap)
+        else:  # it needs every candidate: llama.cpp's chain from the start of the rest
+            return ChainPlan(head, CutKind.WHOLE, rest)
+    return ChainPlan(head, CutKind.DRAW, (), scale)  # only plain temperatures: a draw
+
+
+def history_window(model: Model, p: SamplingParams, name: str) -> int:
+    """How many of a branch's latest tokens a remembering sampler keeps."""
+    last_n = p.repeat_last_n if name == "penalties" else p.dry_penalty_last_n
+    return model.n_ctx_train if last_n == -1 else last_n
 
 
 def _is_on(name: str, p: SamplingParams) -> bool:
+    """Whether the sampler changes anything with p's settings (llama.cpp's own tests: a
+    penalty window of 0 turns penalties or DRY off, as their values at 1 or 0 do)."""
     if name == "penalties":
-        return p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        changes = p.repeat_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        return changes and p.repeat_last_n != 0
     return {
-        "dry": p.dry_multiplier > 0.0,
+        "dry": p.dry_multiplier > 0.0 and p.dry_penalty_last_n != 0,
         "top_n_sigma": p.top_n_sigma > 0.0,
         "top_k": p.top_k > 0,
         "typ_p": p.typical_p < 1.0,
@@ -113,7 +131,40 @@ def _is_on(name: str, p: SamplingParams) -> bool:
     }.get(name, False)  # infill, adaptive_p: not in this build's chain
 
 
-def _bias(model: Model, p: SamplingParams) -> list[C.llama_sampler_p]:
+def build(
+    model: Model,
+    p: SamplingParams,
+    names: Sequence[str],
+    seeds: list[int],
+    pick: bool,
+    bias: bool = False,
+) -> list[SamplerChain]:
+    """One llama.cpp chain of `names` per seed: after the logit bias when `bias`, and
+    with the pick when `pick`. The samplers up to the first seeded one are built once and
+    cloned for every branch: DRY's setup scans the vocabulary for every sequence breaker
+    (~50 ms each here), and a clone copies the result."""
+    split = next((i for i, name in enumerate(names) if name in SEEDED), len(names))
+    first = bias_sampler(model, p) if bias else []
+    shared = SamplerChain.of(first + [make(model, p, n, 0) for n in names[:split]])
+    chains: list[SamplerChain] = []
+    try:
+        for seed in seeds:
+            chain = shared.clone()
+            chains.append(chain)  # owned by the list from here: closed if a later step fails
+            seed &= 0xFFFFFFFF
+            chain.extend([make(model, p, n, seed) for n in names[split:]])
+            if pick:
+                chain.extend(_pick(model, p, seed))
+    except BaseException:
+        for built in chains:
+            built.close()
+        raise
+    finally:
+        shared.close()
+    return chains
+
+
+def bias_sampler(model: Model, p: SamplingParams) -> list[C.llama_sampler_p]:
     if not p.logit_bias:
         return []
     pairs = [C.llama_logit_bias(token, bias) for token, bias in p.logit_bias]
@@ -121,25 +172,27 @@ def _bias(model: Model, p: SamplingParams) -> list[C.llama_sampler_p]:
     return [C.llama_sampler_init_logit_bias(model.n_vocab, len(pairs), array)]
 
 
-def _make(model: Model, p: SamplingParams, name: str, seed: int) -> C.llama_sampler_p:
+def make(model: Model, p: SamplingParams, name: str, seed: int) -> C.llama_sampler_p:
     """One sampler of the chain, by its llama.cpp name."""
     if name == "penalties":
-        last_n = model.n_ctx_train if p.repeat_last_n == -1 else p.repeat_last_n
         return C.llama_sampler_init_penalties(  # this build's API takes n_vocab first
-            model.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+            model.n_vocab,
+            history_window(model, p, name),
+            p.repeat_penalty,
+            p.frequency_penalty,
+            p.presence_penalty,
         )
     if name == "dry":
         breakers = [b.encode() for b in p.dry_sequence_breakers]
         breaker_array = (ctypes.c_char_p * len(breakers))(*breakers)
         # This build's DRY takes no context size, so -1 ("the whole context") is resolved
         # here, to the training context as llama.cpp's own server does.
-        last_n = model.n_ctx_train if p.dry_penalty_last_n == -1 else p.dry_penalty_last_n
         return C.llama_sampler_init_dry(
             model.vocab,
             p.dry_multiplier,
             p.dry_base,
             p.dry_allowed_length,
-            last_n,
+            history_window(model, p, name),
             breaker_array,
             len(breakers),
         )

@@ -22,7 +22,6 @@ from llama_srb.sampling.params import ParamError
 
 # llama_token_data: {int32 id; float logit; float p}, 12 bytes, no padding.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
-_TOKEN_DATA = TOKEN_DATA  # the name bench/grammar_stack.py imports
 
 
 # What a grammar may be. llama.cpp parses GBNF and advances a grammar's stacks by recursion,
@@ -160,16 +159,11 @@ class ConstrainedChain:
         self.grammar: C.llama_sampler_p | None = grammar
         self.n_vocab = n_vocab
 
-    def sample(self, ctx: C.llama_context_p, batch_index: int) -> int:
-        """The next token, or GRAMMAR_COMPLETE when the grammar allows none of the tokens
-        still possible (it is complete and end-of-generation is masked: the branch must
-        end). Only a token the grammar allows is ever accepted: llama.cpp aborts the
-        process on any other."""
-        ptr = C.llama_get_logits_ith(ctx, batch_index)
-        return self.sample_row(np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)))
-
     def sample_row(self, logits: npt.NDArray[np.float32]) -> int:
-        """`sample` over a logits row given as an array (a masked copy, for instance)."""
+        """The next token from `logits`, or GRAMMAR_COMPLETE when the grammar allows none
+        of the tokens still possible (it is complete and end-of-generation is masked: the
+        branch must end). Only a token the grammar allows is ever accepted: llama.cpp
+        aborts the process on any other."""
         token = self._pick(logits, None, constrained=False)
         if not self._allows(token, float(logits[token])):
             token = self._pick_allowed(logits)

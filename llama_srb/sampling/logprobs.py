@@ -1,17 +1,17 @@
 """Log-probabilities of tokens under the model's raw distribution (before any sampler).
 
-Only requests that ask for logprobs reach this module: the engine skips it otherwise, so
-a plain request never runs numpy over its logits row.
+Only requests that ask for logprobs (or rank their branches: best_of) reach this module:
+the engine skips it otherwise, so a plain request never sums its row's exponentials.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-Row = npt.NDArray[np.float32]
+from llama_srb.sampling import cut
 
 
 @dataclass(frozen=True)
@@ -21,40 +21,20 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()  # the k most likely tokens, most likely first
 
 
-def logsumexp(row: Row) -> float:
-    """log(sum(exp(row))), shifted by the maximum so that exp cannot overflow."""
-    peak = float(row.max())
-    return peak + float(np.log(np.exp(row - peak, dtype=np.float64).sum()))
-
-
-def top_k(row: Row, k: int, lse: float) -> tuple[tuple[int, float], ...]:
-    """The k most likely tokens and their log-probabilities, most likely first."""
-    if k <= 0:
-        return ()
-    k = min(k, row.shape[0])
-    # argpartition is O(n): only the k winners get sorted.
-    ids = np.argpartition(row, -k)[-k:]
-    ids = ids[np.argsort(-row[ids], kind="stable")]
-    return tuple((int(t), float(row[t]) - lse) for t in ids)
-
-
 class RowScores:
-    """The normalizer and top k of one logits row, taken before the row is changed.
+    """The normalizer and top k of one logits row: the model's own distribution, read
+    through the row's column maxima (sampling/cut.py). A sampler's changes to the row
+    (bias, penalties, masks) are undone before `entry` reads the sampled token's logit."""
 
-    The engine masks end-of-generation tokens in place before sampling; what is read here
-    first is the model's own distribution. `entry` reads the sampled token's logit later,
-    which the mask cannot have touched (a masked token is never sampled).
-    """
-
-    def __init__(self, row: Row, k: int) -> None:
+    def __init__(self, row: cut.Row, k: int) -> None:
         self._row = row
-        self.lse = logsumexp(row)
-        self.top = top_k(row, k, self.lse)
+        top = row.max
+        self.lse = top + math.log(row.mass(top, 1.0))
+        self.top: tuple[tuple[int, float], ...] = ()
+        if k > 0:
+            ids, values, *_ = row.top_k(k)
+            order = np.lexsort((ids, -values))  # most likely first, lower ids first on ties
+            self.top = tuple((int(ids[i]), float(values[i]) - self.lse) for i in order)
 
     def entry(self, token: int) -> TokenLogprob:
-        return TokenLogprob(token, float(self._row[token]) - self.lse, self.top)
-
-
-def score_token(row: Row, token: int, k: int) -> TokenLogprob:
-    """The log-probability of `token` under `row`, with the k most likely alternatives."""
-    return RowScores(row, k).entry(token)
+        return TokenLogprob(token, float(self._row.logits[token]) - self.lse, self.top)

@@ -21,6 +21,7 @@ from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request, RequestStatus
 from llama_srb.engine.sequence import Sequence as Branch
 from llama_srb.native import Batch, DecodeError
+from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
 
@@ -92,14 +93,11 @@ class FakeContext:
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.table = table
         self.cells: list[Cell] = []
-        self.rows: dict[int, npt.NDArray[np.float32]] = {}
+        self.rows: list[npt.NDArray[np.float32]] = []  # the last decode's, in batch order
+        self._logits: npt.NDArray[np.float32] | None = None
         self.fail_next: int | None = None  # a DecodeError code for the next decode
         self.decoded = 0  # tokens computed by all decodes
         self.calls = 0  # decodes
-
-    @property
-    def ptr(self) -> FakeContext:
-        return self
 
     def warm_up(self, token: int) -> None:
         # llama.cpp aborts the process on a token outside the vocabulary.
@@ -107,7 +105,7 @@ class FakeContext:
         self.warmed_with = token
 
     def decode(self, batch: Batch) -> None:
-        self.rows = {}  # as llama.cpp: a decode replaces the previous one's logits
+        self.rows, self._logits = [], None  # as llama.cpp: a decode replaces the last logits
         self.calls += 1
         if self.fail_next is not None:
             code, self.fail_next = self.fail_next, None
@@ -124,11 +122,13 @@ class FakeContext:
             assert pos == len(held), f"seq {seq}: token at {pos}, but it holds {len(held)}"
             self.cells.append(Cell(pos, struct.token[i], {seq}))
             if struct.logits[i]:
-                self.rows[i] = row_for([*held, struct.token[i]], self.table)
+                self.rows.append(row_for([*held, struct.token[i]], self.table))
         self.decoded += n
 
-    def logits(self, index: int) -> npt.NDArray[np.float32]:
-        return self.rows[index]  # a KeyError where llama.cpp would have no row
+    def logits(self) -> npt.NDArray[np.float32]:
+        if self._logits is None:  # one writable matrix per decode, as llama.cpp's buffer
+            self._logits = np.stack(self.rows) if self.rows else np.empty((0, N_VOCAB), np.float32)
+        return self._logits
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         lo, hi = max(p0, 0), p1 if p1 >= 0 else 1 << 62
@@ -151,16 +151,19 @@ class FakeContext:
 
 
 class FakeSampler:
-    """Picks the `rank`-th most likely token (0: greedy), so branches can differ."""
+    """Picks the `rank`-th most likely token (0: greedy) not forbidden (nor taken, for a
+    distinct opening), so branches can differ."""
 
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
         self.closed = 0
 
-    def sample(self, ctx: FakeContext, batch_index: int) -> int:
-        row = ctx.logits(batch_index)
-        order = np.argsort(-row, kind="stable")
-        return int(order[self.rank])
+    def sample(self, row: Row, forbidden: Ids | None = None, taken: set[int] | None = None) -> int:
+        values = row.logits.copy()
+        if forbidden is not None:
+            values[forbidden] = -np.inf
+        order = [int(t) for t in np.argsort(-values, kind="stable")]
+        return [t for t in order if t not in (taken or ())][self.rank]
 
     def close(self) -> None:
         self.closed += 1

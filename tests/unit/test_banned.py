@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-import numpy.typing as npt
-
 from llama_srb.engine.sequence import FinishReason, Request
 from llama_srb.engine.sequence import Sequence as Branch
 from llama_srb.sampling.banned import MAX_BANS_PER_POSITION, Bans, PhraseGuard
@@ -95,10 +92,6 @@ class RewindingSampler(FakeSampler):
 
     def rewind(self, kept: list[int]) -> None:
         self.rewinds.append(list(kept))
-
-    def opening(self, row: npt.NDArray[np.float32], taken: set[int]) -> int:
-        order = [int(t) for t in np.argsort(-row, kind="stable")]
-        return [t for t in order if t not in taken][self.rank]
 
 
 def spell(tokens: Sequence[int]) -> str:

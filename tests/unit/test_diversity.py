@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+from dataclasses import dataclass
+from typing import cast
 
 import llama_cpp as C
 import numpy as np
@@ -15,8 +17,9 @@ import pytest
 from llama_srb.engine.best_of import BestOf, mean_logprob
 from llama_srb.engine.sequence import FinishReason, Request
 from llama_srb.engine.sequence import Sequence as Branch
-from llama_srb.native import SamplerChain
-from llama_srb.sampling.branch import BranchSampler, most_likely_untaken
+from llama_srb.native import Model
+from llama_srb.sampling.branch import BranchSampler, build_samplers, most_likely_untaken
+from llama_srb.sampling.cut import Row
 from llama_srb.sampling.params import ParamError, SamplingParams
 from llama_srb.sampling.text import TextStream
 from tests.unit.fake_context import BOS, FakeModel, expected, make_engine, run
@@ -131,8 +134,19 @@ def test_banned_strings_are_bounded() -> None:
 N_VOCAB = 64
 
 
-def chain_of(*samplers: C.llama_sampler_p) -> SamplerChain:
-    return SamplerChain.of(list(samplers))
+@dataclass(frozen=True)
+class Vocab64:
+    """What building samplers reads of a model, for a 64-token vocabulary (no DRY)."""
+
+    n_vocab: int = N_VOCAB
+    n_ctx_train: int = 4096
+    vocab: None = None
+
+
+def sampler_for(params: SamplingParams, seed: int = 0) -> BranchSampler:
+    (sampler,) = build_samplers(cast(Model, Vocab64()), params, [seed])
+    assert isinstance(sampler, BranchSampler)
+    return sampler
 
 
 def row() -> npt.NDArray[np.float32]:
@@ -141,46 +155,38 @@ def row() -> npt.NDArray[np.float32]:
 
 
 def test_an_opening_is_drawn_from_the_filtered_tokens_not_yet_taken() -> None:
-    top3 = SamplingParams(top_k=3, temperature=1.0)
+    top3 = SamplingParams(top_k=3, top_p=1.0, min_p=0.0, temperature=1.0)
     seen = set()
     for seed in range(40):
-        chain = chain_of(C.llama_sampler_init_top_k(3), C.llama_sampler_init_dist(seed))
-        sampler = BranchSampler(chain, top3, seed)
-        token = sampler.opening(row(), {0})
-        seen.add(token)
+        sampler = sampler_for(top3, seed)
+        seen.add(sampler.sample(Row(row()), taken={0}))
         sampler.close()
     assert seen == {1, 2}  # never the taken one, never past the filter
-    chain = chain_of(C.llama_sampler_init_top_k(3), C.llama_sampler_init_dist(1))
-    sampler = BranchSampler(chain, top3, 1)
+    sampler = sampler_for(top3, 1)
     # Fewer than the branches survive: the most likely token not taken, past the filter.
-    assert sampler.opening(row(), {0, 1, 2}) == 3
+    assert sampler.sample(Row(row()), taken={0, 1, 2}) == 3
     sampler.close()
 
 
 def test_a_greedy_opening_takes_the_most_likely_untaken_token() -> None:
-    sampler = BranchSampler(
-        chain_of(C.llama_sampler_init_greedy()), SamplingParams(temperature=0), 0
-    )
-    assert sampler.opening(row(), set()) == 0
-    assert sampler.opening(row(), {0, 1}) == 2
+    sampler = sampler_for(SamplingParams(temperature=0))
+    assert sampler.sample(Row(row()), taken=set()) == 0
+    assert sampler.sample(Row(row()), taken={0, 1}) == 2
     sampler.close()
     assert most_likely_untaken(row(), {0, 2}) == 1
 
 
 def test_an_opening_after_xtc_reads_the_moved_survivors() -> None:
     # XTC drops the top tokens above its threshold by moving the array's start.
-    params = SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.01)
+    params = SamplingParams(
+        top_k=6, top_p=1.0, min_p=0.0, temperature=1.0, xtc_probability=1.0, xtc_threshold=0.01
+    )
     flat = np.zeros(N_VOCAB, dtype=np.float32)
     flat[:4] = 5.0  # four likely tokens; XTC keeps only the least likely of them and the rest
     for seed in range(10):
-        chain = chain_of(
-            C.llama_sampler_init_top_k(6),
-            C.llama_sampler_init_xtc(1.0, 0.01, 1, seed),
-            C.llama_sampler_init_dist(seed),
-        )
-        sampler = BranchSampler(chain, params, seed)
-        token = sampler.opening(flat, {3})
-        assert token not in {3} and 0 <= token < N_VOCAB
+        sampler = sampler_for(params, seed)
+        token = sampler.sample(Row(flat.copy()), taken={3})
+        assert token != 3 and 0 <= token < N_VOCAB
         sampler.close()
 
 
@@ -196,21 +202,22 @@ def penalized(sampler: C.llama_sampler_p) -> npt.NDArray[np.float32]:
 
 
 def test_a_rewind_leaves_the_penalties_as_if_only_the_kept_tokens_were_seen() -> None:
-    def penalties() -> C.llama_sampler_p:
-        return C.llama_sampler_init_penalties(N_VOCAB, 64, 1.5, 0.5, 0.5)
-
-    params = SamplingParams(repeat_penalty=1.5)
-    rewound = BranchSampler(
-        chain_of(penalties(), C.llama_sampler_init_greedy()), params, 0, ((0, 64),)
+    params = SamplingParams(
+        temperature=0, repeat_penalty=1.5, frequency_penalty=0.5, presence_penalty=0.5
     )
+    rewound, fresh = sampler_for(params), sampler_for(params)
     for token in [5, 6, 7, 8, 9]:
-        C.llama_sampler_accept(rewound.chain.ptr, token)
+        rewound.accept(token)
     rewound.rewind([5, 6])
-    fresh = chain_of(penalties(), C.llama_sampler_init_greedy())
     for token in [5, 6]:
-        C.llama_sampler_accept(fresh.ptr, token)
-    got = penalized(C.llama_sampler_chain_get(rewound.chain.ptr, 0))
-    want = penalized(C.llama_sampler_chain_get(fresh.ptr, 0))
+        fresh.accept(token)
+    assert rewound.head is not None and fresh.head is not None
+    got = penalized(C.llama_sampler_chain_get(rewound.head.ptr, 0))
+    want = penalized(C.llama_sampler_chain_get(fresh.head.ptr, 0))
     assert np.array_equal(got, want) and got[7] == 1.0 and got[5] < 1.0
+    # ... and so does the next token: 5 and 6 are penalized, 7 is not
+    flat = np.zeros(N_VOCAB, dtype=np.float32)
+    flat[[5, 6, 7]] = 1.0
+    assert rewound.sample(Row(flat)) == 7
     rewound.close()
     fresh.close()

@@ -1,0 +1,147 @@
+"""Host time per branch per step: the engine over a context whose decode costs nothing.
+
+The context holds real logit rows (one real llama_decode of a story, every row kept: 64
+rows 262,144 wide for the default model), and its `decode` does nothing else. So a step's
+time is all host work: sampling, text, stop strings, deltas, the step's bookkeeping. That
+is what a GPU exposes, where a decode step of 8-64 branches takes a few milliseconds.
+
+    .venv/bin/python bench/bench_host.py [--ns 1,8,32,64] [--tokens 48] [--presets a,b]
+                                         [--model gemma-3-270m] [--no-sillytavern]
+
+Every request uses `ignore_eos`, so each branch samples --tokens tokens. Requests are
+parsed and built the way the server builds a llama.cpp `/completion` body (the presets:
+bench/presets.py), then stepped to the end alone. Prints host ms per branch per step
+(total step time / branch-tokens sampled) and ms per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.presets import Body, all_presets
+from llama_srb.api.input.native import native_params
+from llama_srb.api.schemas import dialects
+from llama_srb.api.schemas.native import NativeCompletionRequest
+from llama_srb.bundled_model import DEFAULT
+from llama_srb.config import Settings
+from llama_srb.engine.engine import Engine, build_request
+from llama_srb.engine.kv import KvBudget
+from llama_srb.loader import model_options
+from llama_srb.native import Batch, Context, ContextOptions, Model
+
+ROWS = 64  # logit rows kept: the most branches one step samples here
+N_CTX = 8192
+STORY = (
+    "Chapter One\n\nThe lighthouse keeper found a letter on the rocks. It said: come to the"
+    " harbour at dawn, and bring the key your father left you. Mara read it twice, folded it"
+    " into her coat, and climbed the hundred and twelve steps to light the lamp, as she had"
+    " done every night for thirty years. The sea below was never quiet; it argued with the"
+    " rocks, it whispered to the gulls, and sometimes, in the hour before dawn, it sang."
+)
+
+
+class FreeDecode:
+    """A real context whose `decode` costs nothing: every step reads the rows of the one
+    real decode made at the start (batch index i -> row i)."""
+
+    def __init__(self, model: Model) -> None:
+        self.real = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=ROWS + 8, n_batch=512))
+        tokens = model.tokenize(STORY * 4)[:ROWS]
+        batch = Batch(ROWS)
+        batch.add_span(tokens, 0, 0, True, logits_all=True)
+        self.real.decode(batch)
+        batch.close()
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def decode(self, batch: Batch) -> None:
+        assert batch.n_outputs <= ROWS, f"at most {ROWS} rows of logits"
+        self.real._n_outputs = batch.n_outputs  # what a real decode would have made
+        self.calls += 1
+
+    def warm_up(self, token: int) -> None:
+        pass
+
+
+def request_params(model: Model, body: Body, tokens: int) -> Any:
+    """The SamplingParams the server builds from this /completion body."""
+    body = {**body, "n_predict": tokens, "ignore_eos": True, "prompt": ""}
+    if "samplers" in body:  # names llama.cpp's server does not know are skipped, as there
+        body["samplers"] = [s for s in body["samplers"] if s.lower() in dialects.SAMPLER_NAMES]
+    parsed = NativeCompletionRequest.model_validate(body)
+    return native_params(parsed, model, N_CTX, 32)
+
+
+def run(model: Model, ctx: FreeDecode, body: Body, n: int, tokens: int, seed: int) -> tuple[float, int, int]:
+    """One request alone, stepped to its end: (seconds, steps, branch-tokens sampled)."""
+    budget = KvBudget(ROWS, N_CTX, cache_paths=8, cache_cells=0)
+    engine = Engine(model, ctx, budget, tokens_per_call=0)  # type: ignore[arg-type]
+    params = request_params(model, {**body, "seed": seed}, tokens)
+    prompt = model.tokenize(STORY)[:32]
+    engine.add(build_request(model, f"bench-{n}-{seed}", prompt, params, n))
+    steps = sampled = 0
+    started = time.perf_counter()
+    while engine.has_work:
+        for output in engine.step():
+            sampled = output.completion_tokens
+        steps += 1
+    elapsed = time.perf_counter() - started
+    engine.close()
+    return elapsed, steps, sampled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ns", default="1,8,32,64")
+    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--presets", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
+    parser.add_argument("--repeat", type=int, default=1, help="best of R runs per cell")
+    parser.add_argument("--no-sillytavern", action="store_true", help="skip its presets")
+    args = parser.parse_args()
+    ns = [int(x) for x in args.ns.split(",")]
+    assert max(ns) <= ROWS, f"at most {ROWS} branches"
+
+    settings = Settings(model=args.model)
+    model = Model(settings.resolved_model_path(), model_options(settings))
+    ctx = FreeDecode(model)
+    presets = all_presets(with_sillytavern=not args.no_sillytavern)
+    if args.presets:
+        presets = {name: presets[name] for name in args.presets.split(",")}
+
+    print(f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos; decode costs nothing")
+    print("host ms per branch per step (ms per step)\n")
+    print("| preset | " + " | ".join(f"n={n}" for n in ns) + " |")
+    print("|---|" + "---:|" * len(ns))
+    for name, body in presets.items():
+        cells = []
+        for n in ns:
+            best = min(
+                (run(model, ctx, body, n, args.tokens, seed) for seed in range(args.repeat)),
+                key=lambda r: r[0],
+            )
+            seconds, steps, sampled = best
+            cells.append(f"{seconds / sampled * 1e3:.3f} ({seconds / steps * 1e3:.2f})")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    print(
+        "\nreproduce: .venv/bin/python bench/bench_host.py"
+        f" --ns {args.ns} --tokens {args.tokens}"
+        + (f" --presets {args.presets}" if args.presets else "")
+        + (f" --repeat {args.repeat}" if args.repeat != 1 else "")
+        + (" --no-sillytavern" if args.no_sillytavern else "")
+        + ("" if args.model == DEFAULT else f" --model {args.model}")
+    )
+    ctx.real.close()
+    model.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""The first cut of a sampler chain, found over the whole logits row without sorting it.
+
+A chain's first filter (top-k, min-p, top-p) reads the whole vocabulary; everything after
+it reads only its survivors, tens to thousands of tokens. llama.cpp builds a candidate
+array of every token (262,144 for Gemma 3) and sorts it, for every branch and token: most of
+the host time of a step. Here the row is read once, as a grid of 64 rows by n_vocab/64
+columns (token r * n_cols + c at [r, c]), into the maximum of each column: one pass the
+CPU's vector units make at memory speed, for every row of a step at once. Every cut is
+then decided from those maxima and the few columns they point to, exactly: a column whose
+maximum is below a threshold holds no token above it. The survivors go on to the rest of
+the chain in llama.cpp (sampling/branch.py), so every later sampler is llama.cpp's own.
+
+What needs the distribution's normalizer (top-p first, a draw from every token) brackets
+it between a lower bound (the columns read exactly, one token for each other column) and
+an upper bound (each other column as 64 copies of its maximum); only when the bracket
+cannot decide is every token's exp() summed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+Vector = npt.NDArray[np.float32]
+Ids = npt.NDArray[np.int64]
+
+MAX_GRID_ROWS = 64  # tokens per column: the column maxima are a 64th of the row
+# Columns read beside a cut's own when top-p needs its normalizer: with 32 the bracket
+# decides 86% of the default model's rows (with none 71%, with 128 90%); summing every
+# token's exp() costs about ten reads of 32 columns, so more would not pay.
+NORMALIZER_COLUMNS = 32
+
+
+@functools.lru_cache(maxsize=8)
+def grid_rows(n_vocab: int) -> int:
+    """Rows of the grid: 64, or the largest divisor of n_vocab below it (a vocabulary of
+    an odd size gets narrower columns: the same cuts, read less cheaply)."""
+    return next(r for r in range(MAX_GRID_ROWS, 0, -1) if n_vocab % r == 0)
+
+
+def column_maxima(logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """The column maxima of every row of a (rows, n_vocab) matrix, in one pass."""
+    n_rows, n_vocab = logits.shape
+    rows = grid_rows(n_vocab)
+    return logits.reshape(n_rows, rows, n_vocab // rows).max(axis=1)
+
+
+class Cut(NamedTuple):
+    """A cut's survivors, and what it read to find them: the columns and every logit in
+    them (the normalizer of a top-p before it needs them)."""
+
+    ids: Ids
+    values: Vector
+    cols: Ids
+    read: npt.NDArray[np.float32]  # (grid rows, len(cols))
+
+
+class Row:
+    """One logits row as the cuts read it. `patch` changes a few tokens in place (and the
+    maxima of their columns) until `restore`: the chain's bias, penalties and masks."""
+
+    __slots__ = ("_max", "_saved", "colmax", "grid", "logits", "n_cols")
+
+    def __init__(self, logits: Vector, colmax: Vector | None = None) -> None:
+        self.logits = logits
+        rows = grid_rows(len(logits))
+        self.n_cols = len(logits) // rows
+        self.grid = logits.reshape(rows, self.n_cols)
+        self.colmax = self.grid.max(axis=0) if colmax is None else colmax
+        self._saved: tuple[Ids, Vector, Vector, float | None] | None = None
+        self._max: float | None = None
+
+    @property
+    def max(self) -> float:
+        """The largest logit (as patched)."""
+        if self._max is None:
+            self._max = float(self.colmax.max())
+        return self._max
+
+    def patch(self, ids: Ids, values: Vector) -> None:
+        """Give tokens `ids` (distinct) the logits `values` until `restore`."""
+        assert self._saved is None, "one patch at a time"
+        self._saved = (ids, self.logits[ids], self.colmax, self._max)
+        self._max = None
+        self.logits[ids] = values
+        cols = ids % self.n_cols
+        self.colmax = self.colmax.copy()  # the maxima may be shared with other branches
+        self.colmax[cols] = self.grid[:, cols].max(axis=0)
+
+    def restore(self) -> None:
+        if self._saved is not None:
+            ids, values, self.colmax, self._max = self._saved
+            self.logits[ids] = values
+            self._saved = None
+
+    # -- reading the row through its columns ------------------------------------------
+
+    def ids(self, cols: Ids, flat: npt.NDArray[np.intp]) -> Ids:
+        """The token ids of positions `flat` in the raveled grid[:, cols]."""
+        rows, at = np.divmod(flat, len(cols))
+        return rows * self.n_cols + cols[at]
+
+    def top_columns(self, m: int) -> Ids:
+        """The m columns with the largest maxima."""
+        if m >= self.n_cols:
+            return np.arange(self.n_cols)
+        return np.argpartition(self.colmax, -m)[-m:]
+
+    def outside(self, cols: Ids) -> float:
+        """The largest logit outside columns `cols`: a bound."""
+        if len(cols) == self.n_cols:
+            return -np.inf
+        rest = self.colmax.copy()
+        rest[cols] = -np.inf
+        return float(rest.max())
+
+    def argmax(self) -> int:
+        """The most likely token, the lowest id of equals (llama.cpp's greedy pick)."""
+        cols = np.flatnonzero(self.colmax == self.max)
+        return int(self.ids(cols, np.flatnonzero(self.grid[:, cols] == self.max)).min())
+
+    def at_least(self, threshold: float) -> Cut:
+        """Every token whose logit is at least `threshold` (min-p's cut)."""
+        cols = np.flatnonzero(self.colmax >= threshold)
+        read = self.grid[:, cols]
+        flat = np.flatnonzero(read >= threshold)
+        return Cut(self.ids(cols, flat), read.ravel()[flat], cols, read)
+
+    def top_k(self, k: int) -> Cut:
+        """The k most likely tokens. The k columns with the largest maxima hold them:
+        their k maxima are k tokens at least as likely as any token of another column."""
+        cols = self.top_columns(k)
+        read = self.grid[:, cols]
+        values = read.ravel()
+        flat = np.argpartition(values, -k)[-k:] if k < len(values) else np.arange(len(values))
+        return Cut(self.ids(cols, flat), values[flat], cols, read)
+
+    def mass_bounds(
+        self, cols: Ids, read: npt.NDArray[np.float32], top: float, scale: float
+    ) -> tuple[float, float]:
+        """Bounds on sum(exp(scale * (logit - top))) over the row, from every logit `read`
+        of columns `cols` and each other column's maximum: a token of the column at the
+        least, all of them at the most."""
+        exact = float(np.exp((read.astype(np.float64) - top) * scale).sum())
+        peaks = np.exp((self.colmax.astype(np.float64) - top) * scale)
+        others = max(float(peaks.sum()) - float(peaks[cols].sum()), 0.0)
+        return exact + others, exact + len(self.grid) * others
+
+    def mass(self, top: float, scale: float) -> float:
+        """sum(exp(scale * (logit - top))) over every token: one pass over the row (a
+        float32 pairwise sum: ~1e-6 relative, finer than llama.cpp's own running sum)."""
+        shifted = np.subtract(self.logits, np.float32(top))
+        if scale != 1.0:
+            shifted *= np.float32(scale)
+        np.exp(shifted, out=shifted)
+        return float(shifted.sum())
+
+    def draw(self, scale: float, rng: np.random.Generator) -> int:
+        """A token drawn from softmax(scale * logits) over the whole vocabulary, exactly:
+        rejection sampling, each column's maximum its envelope."""
+        weights = np.cumsum(np.exp((self.colmax.astype(np.float64) - self.max) * scale))
+        while True:
+            cols = np.searchsorted(weights, rng.random(256) * weights[-1], side="right")
+            cols = np.minimum(cols, self.n_cols - 1)
+            rows = rng.integers(0, len(self.grid), len(cols))
+            accept = np.exp((self.grid[rows, cols] - self.colmax[cols]).astype(np.float64) * scale)
+            accepted = np.flatnonzero(rng.random(len(cols)) < accept)
+            if len(accepted):
+                first = accepted[0]
+                return int(rows[first]) * self.n_cols + int(cols[first])
+
+
+def top_p(
+    row: Row, p: float, scale: float = 1.0, cap: Cut | None = None
+) -> tuple[Ids, Vector] | None:
+    """llama.cpp's top-p over the whole row: the most likely tokens, most likely first,
+    until their probability under softmax(scale * logits) adds up to p. With `cap`, the
+    survivors of the prefix cut that follows it (min-p or top-k: a top of the same
+    order), both at once: the shorter of the two. None when the columns read cannot
+    decide it (a cut deep in the tail without a cap): llama.cpp's own top-p then runs."""
+    top = row.max
+    extra = row.top_columns(NORMALIZER_COLUMNS)
+    if cap is None:
+        cols, read = extra, row.grid[:, extra]
+        values = read.ravel()
+        flat = np.flatnonzero(values > row.outside(cols))  # a prefix of the whole order
+        ids, values = row.ids(cols, flat), values[flat]
+    else:
+        ids, values = cap.ids, cap.values
+        known = np.zeros(row.n_cols, bool)
+        known[cap.cols] = True
+        new = extra[~known[extra]]
+        cols = np.concatenate([cap.cols, new])
+        read = np.concatenate([cap.read, row.grid[:, new]], axis=1)
+    order = np.argsort(-values, kind="stable")
+    ids, values = ids[order], values[order]
+    cumulative = np.cumsum(np.exp((values.astype(np.float64) - top) * scale))
+    kept = _kept(cumulative, p, *row.mass_bounds(cols, read, top, scale), cap is not None)
+    if kept is None:
+        exact = row.mass(top, scale)
+        kept = _kept(cumulative, p, exact, exact, cap is not None)
+    return None if kept is None else (ids[:kept], values[:kept])
+
+
+def _kept(
+    cumulative: npt.NDArray[np.float64], p: float, low: float, high: float, capped: bool
+) -> int | None:
+    """How many tokens top-p keeps, when the normalizer's bounds [low, high] decide it."""
+    first = int(np.searchsorted(cumulative, p * low))
+    last = int(np.searchsorted(cumulative, p * high))
+    if first == last < len(cumulative):
+        return first + 1
+    if capped and first == len(cumulative):  # top-p would keep more than the cap: the cap
+        return first
+    return None
