@@ -201,28 +201,50 @@ class BranchSampler:
             values = self._candidates.run(self.head, ids, values, ordered=False)[1]["logit"]
         row.patch(ids, values)
 
+    def filtered(self, row: Row, forbidden: Ids | None = None) -> tuple[Ids, Vector]:
+        """What the chain leaves its pick to draw from, for `row`: the candidates after
+        every filter, with their logits at its temperature (the pick runs, unaccepted:
+        its random state moves on)."""
+        self._patch(row, forbidden)
+        try:
+            token, kept = self._run(row)
+            if kept is not None:
+                return kept["id"].astype(np.int64), kept["logit"].copy()
+            if self.plan.cut is CutKind.GREEDY:
+                return np.array([token], np.int64), row.logits[[token]].copy()
+            return token_ids(len(row.logits)).astype(np.int64), row.logits * np.float32(
+                self.plan.scale
+            )
+        finally:
+            row.restore()
+
     def _choose(self, row: Row, taken: set[int] | None) -> int:
-        plan = self.plan
-        if plan.cut is CutKind.GREEDY:
-            return row.argmax()
-        if plan.cut is CutKind.DRAW:
-            return row.draw(plan.scale, self.rng)
-        assert self.finish is not None
-        survivors = self._cut(row)
-        if survivors is None:  # every candidate, through llama.cpp's own first sampler
-            ids, values = token_ids(len(row.logits)), row.logits
-            if plan.scale != 1.0:
-                values = values * np.float32(plan.scale)
-            ordered = False
-            if self.first_cut is not None:
-                _, cut = self._candidates.run(self.first_cut, ids, values, ordered)
-                ids, values, ordered = cut["id"], cut["logit"], True
-            token, kept = self._candidates.run(self.finish, ids, values, ordered)
-        else:
-            token, kept = self._candidates.run(self.finish, *survivors)
+        token, kept = self._run(row)
         if taken and token in taken:
+            assert kept is not None  # the unfiltered picks rule taken tokens out first
             token = self._untaken(row, kept, taken)
         return token
+
+    def _run(self, row: Row) -> tuple[int, Survivors | None]:
+        """The plan over the (patched) row: its pick, and what the finish chain left."""
+        plan = self.plan
+        if plan.cut is CutKind.GREEDY:
+            return row.argmax(), None
+        if plan.cut is CutKind.DRAW:
+            return row.draw(plan.scale, self.rng), None
+        assert self.finish is not None
+        survivors = self._cut(row)
+        if survivors is not None:
+            return self._candidates.run(self.finish, *survivors)
+        # every candidate, through llama.cpp's own chain from its first filter
+        ids, values = token_ids(len(row.logits)), row.logits
+        if plan.scale != 1.0:
+            values = values * np.float32(plan.scale)
+        ordered = False
+        if self.first_cut is not None:
+            _, cut = self._candidates.run(self.first_cut, ids, values, ordered)
+            ids, values, ordered = cut["id"].copy(), cut["logit"].copy(), True
+        return self._candidates.run(self.finish, ids, values, ordered)
 
     def _cut(self, row: Row) -> tuple[Ids, Vector] | None:
         """The survivors of the chain's first filter, most likely first, at the scale of

@@ -1,0 +1,134 @@
+"""The cuts over a whole row (sampling/cut.py) against brute force on synthetic rows: the
+same survivors as sorting every token, bounds that hold, draws from the right
+distribution, and patches that leave no trace."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from llama_srb.sampling.cut import Row, column_maxima, grid_rows, top_p
+
+Vector = npt.NDArray[np.float32]
+
+
+def rows(n_vocab: int = 64 * 512, count: int = 12, seed: int = 0) -> list[Vector]:
+    """Rows shaped like a language model's: a few likely tokens over a long heavy tail."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        row = rng.standard_normal(n_vocab).astype(np.float32) * 2.5
+        peaks = rng.choice(n_vocab, 20, replace=False)
+        row[peaks] += rng.uniform(4, 12, len(peaks)).astype(np.float32)
+        out.append(row)
+    return out
+
+
+def softmax(values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    e = np.exp(values - values.max())
+    return np.asarray(e / e.sum())
+
+
+def reference_top_p(row: Vector, p: float, scale: float, cap: int | None) -> set[int]:
+    """llama.cpp's top-p on the sorted vocabulary (and a prefix cap of `cap` tokens)."""
+    order = np.argsort(-row, kind="stable")
+    cumulative = np.cumsum(softmax(row.astype(np.float64) * scale)[order])
+    kept = int(np.searchsorted(cumulative, p)) + 1
+    return {int(t) for t in order[: kept if cap is None else min(kept, cap)]}
+
+
+def test_the_grid_takes_64_rows_or_a_divisor_of_an_odd_vocabulary() -> None:
+    assert grid_rows(262_144) == 64 and grid_rows(49_152) == 64
+    assert grid_rows(50_257) == 29  # 29 x 1733: narrower columns, the same cuts
+    matrix = np.stack(rows(64 * 50, count=3))
+    maxima = column_maxima(matrix)
+    assert np.array_equal(maxima[1], Row(matrix[1]).colmax)
+
+
+@pytest.mark.parametrize("n_vocab", [64 * 512, 50_257])
+def test_cuts_keep_what_sorting_the_whole_row_keeps(n_vocab: int) -> None:
+    for row in rows(n_vocab, count=6):
+        cut = Row(row.copy())
+        top = float(row.max())
+        assert cut.max == top
+        assert cut.argmax() == int(np.argmax(row))
+        for q in (0.5, 0.05, 0.01):
+            kept = cut.at_least(top + math.log(q))
+            assert set(kept.ids.tolist()) == set(np.flatnonzero(row >= top + math.log(q)).tolist())
+            assert np.array_equal(kept.values, row[kept.ids])
+        for k in (1, 40, 700):
+            kept = cut.top_k(k)
+            assert set(kept.ids.tolist()) == set(np.argsort(-row)[:k].tolist())
+
+
+def test_greedy_takes_the_lowest_id_of_equal_maxima() -> None:
+    row = rows(count=1)[0]
+    row[[900, 17, 30_000]] = row.max() + 1.0
+    assert Row(row).argmax() == 17
+
+
+def test_top_p_with_a_cap_always_decides_and_matches_a_sort() -> None:
+    for row in rows(count=10, seed=3):
+        cut = Row(row.copy())
+        for p, q, scale in ((0.95, 0.01, 1.0), (0.5, 0.05, 1.0), (0.9, 0.001, 1 / 1.5)):
+            cap = cut.at_least(cut.max + math.log(q) / scale)
+            result = top_p(cut, p, scale, cap)
+            assert result is not None
+            ids, values = result
+            assert set(ids.tolist()) == reference_top_p(row, p, scale, len(cap.ids))
+            assert np.all(np.diff(values) <= 0)  # most likely first
+        cap = cut.top_k(40)
+        result = top_p(cut, 0.9, 1.0, cap)
+        assert result is not None and set(result[0].tolist()) == reference_top_p(row, 0.9, 1.0, 40)
+
+
+def test_top_p_alone_is_exact_when_it_decides() -> None:
+    decided = 0
+    for row in rows(count=10, seed=4):
+        for p in (0.3, 0.8, 0.95):
+            result = top_p(Row(row.copy()), p)
+            if result is not None:
+                decided += 1
+                assert set(result[0].tolist()) == reference_top_p(row, p, 1.0, None)
+    assert decided  # the undecided rest goes to llama.cpp's own top-p
+
+
+def test_the_mass_bounds_bracket_the_normalizer() -> None:
+    for row in rows(count=5, seed=5):
+        cut = Row(row.copy())
+        exact = float(np.exp(row.astype(np.float64) - cut.max).sum())
+        assert cut.mass(cut.max, 1.0) == pytest.approx(exact, rel=1e-5)
+        for m in (0, 5, 100):
+            cols = cut.top_columns(m)
+            low, high = cut.mass_bounds(cols, cut.grid[:, cols], cut.max, 1.0)
+            assert low <= exact * (1 + 1e-9) and exact <= high * (1 + 1e-9)
+
+
+def test_a_patch_changes_the_row_and_its_maxima_until_restored() -> None:
+    row = rows(count=1)[0]
+    original = row.copy()
+    cut = Row(row)
+    maxima = cut.colmax
+    top = int(np.argmax(original))
+    ids = np.array(sorted({top, 5, 9_000}), np.int64)
+    cut.patch(ids, np.array([-np.inf, 50.0, -np.inf], np.float32)[np.argsort(np.argsort(ids))])
+    assert cut.argmax() in ids.tolist() and cut.max == max(
+        50.0, float(np.delete(original, ids).max())
+    )
+    cut.restore()
+    assert np.array_equal(row, original) and cut.colmax is maxima and cut.max == original.max()
+
+
+def test_a_draw_follows_the_softmax_and_never_a_masked_token() -> None:
+    rng = np.random.default_rng(7)
+    row = (rng.standard_normal(64 * 4) * 1.5).astype(np.float32)
+    row[[3, 100]] = -np.inf
+    cut = Row(row)
+    scale = 1 / 0.7
+    draws = np.bincount([cut.draw(scale, rng) for _ in range(30_000)], minlength=len(row))
+    want = softmax(row.astype(np.float64) * scale)
+    assert draws[3] == draws[100] == 0
+    assert 0.5 * np.abs(draws / draws.sum() - want).sum() < 0.03  # total variation
