@@ -91,6 +91,12 @@ class EngineCollector(Collector):
             stats.decode_step_seconds,
         )
         yield _histogram(
+            "llama_srb_host_step_seconds",
+            "Per engine step, the time spent outside llama_decode (scheduling, sampling, text,"
+            " outputs): on a fast GPU, this sets the pace when it is a large share of the step",
+            stats.host_step_seconds,
+        )
+        yield _histogram(
             "llama_srb_token_gap_seconds",
             "Per stream, the time between two consecutive outputs with tokens",
             stats.token_gap_seconds,
@@ -108,7 +114,11 @@ class EngineCollector(Collector):
         short.add_metric(["sequences"], stats.steps_short_of_sequences)
         short.add_metric(["cells"], stats.steps_short_of_cells)
         yield short
-        yield CounterMetricFamily("llama_srb_decode_steps", "llama_decode calls", value=stats.steps)
+        yield CounterMetricFamily(
+            "llama_srb_decode_steps",
+            "Engine steps that decoded (each makes one or more llama_decode calls)",
+            value=stats.steps,
+        )
         yield CounterMetricFamily(
             "llama_srb_decode_seconds", "Time spent in llama_decode", value=stats.decode_seconds
         )

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from llama_srb.engine.best_of import BestOf
 from llama_srb.engine.context import DecodeContext, Vocabulary
-from llama_srb.engine.histogram import GAP_BUCKETS, WAIT_BUCKETS, Histogram
+from llama_srb.engine.histogram import GAP_BUCKETS, HOST_BUCKETS, WAIT_BUCKETS, Histogram
 from llama_srb.engine.kv import KvBudget, KvOp
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.pacing import StepPacer
@@ -56,6 +56,8 @@ class EngineStats:
     decode_seconds: float = 0.0
     prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
     decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
+    # Per step, the engine thread's time outside llama_decode: what a fast GPU exposes.
+    host_step_seconds: Histogram = field(default_factory=lambda: Histogram(HOST_BUCKETS))
     # Per stream: from one output with tokens to its next (what a reader feels as a stall).
     token_gap_seconds: Histogram = field(default_factory=lambda: Histogram(GAP_BUCKETS))
     # From arrival to admission (a seq id and cells granted), per request.
@@ -69,6 +71,7 @@ class EngineStats:
         return replace(
             self,
             decode_step_seconds=self.decode_step_seconds.copy(),
+            host_step_seconds=self.host_step_seconds.copy(),
             token_gap_seconds=self.token_gap_seconds.copy(),
             queue_wait_seconds=self.queue_wait_seconds.copy(),
         )
@@ -154,6 +157,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one decode step and return the outputs it produced (often none: a step
         that only prefills, or one with nothing to do)."""
+        started, decoding = time.perf_counter(), self.stats.decode_seconds
         plan = self.scheduler.schedule()
         self._observe_admission(plan)
         self._apply(plan.kv_ops)
@@ -164,6 +168,8 @@ class Engine:
             except Exception as exc:  # keep serving: fail what was in flight, not the server
                 log.exception("engine step failed")
                 outputs += self.fail_all(f"engine error: {exc}")
+            decoded = self.stats.decode_seconds - decoding
+            self.stats.host_step_seconds.observe(time.perf_counter() - started - decoded)
         self.publish_snapshot()
         return outputs
 

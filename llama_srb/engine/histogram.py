@@ -12,6 +12,11 @@ STEP_BUCKETS: tuple[float, ...] = (
 )  # fmt: skip
 
 
+# Seconds of a step outside llama_decode: tenths of a millisecond per branch when all is
+# well, milliseconds per branch where the host, not the model, sets the pace.
+HOST_BUCKETS: tuple[float, ...] = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+)  # fmt: skip
 # Seconds between two outputs of one stream: a decode step is tens of ms, a stall is more.
 GAP_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,

@@ -144,6 +144,18 @@ def test_the_prompt_is_evaluated_once_for_n_8(server: RunningServer) -> None:
     assert len(out["choices"]) == 8
 
 
+def test_metrics_count_the_host_time_outside_llama_decode(server: RunningServer) -> None:
+    steps_before = server.metric("llama_srb_host_step_seconds_count")
+    complete(server, prompt=STORY, n=4, max_tokens=6, ignore_eos=True)
+    metrics = server.metrics()
+    assert metrics["llama_srb_host_step_seconds_count"] - steps_before >= 6  # a step a token
+    assert (
+        0
+        < metrics["llama_srb_host_step_seconds_sum"]
+        < metrics["llama_srb_decode_seconds_total"] * 100
+    )
+
+
 def test_models_and_health(server: RunningServer) -> None:
     models = httpx.get(f"{server.api_url}/models").json()
     assert models["object"] == "list" and models["data"][0]["id"]

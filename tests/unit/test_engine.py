@@ -59,6 +59,9 @@ def test_branches_fork_from_one_prefill_and_match_each_decoded_alone() -> None:
     snapshot = engine.snapshot
     assert snapshot.stats.generated_tokens == 18 and snapshot.requests_running == 0
     assert snapshot.kv_cells_cached == len(ctx.cells) and snapshot.sequences_running == 0
+    # every step that decoded says how long it spent outside llama_decode
+    host = snapshot.stats.host_step_seconds
+    assert host.count == snapshot.stats.steps and host.total > 0
 
 
 def test_abort_mid_prefill_frees_the_request_and_keeps_what_was_computed() -> None:
