@@ -441,6 +441,7 @@ def test_sillytavern_reads_llamacpp_props(server: RunningServer, model_facts: Mo
             {"text": STORY, "add_bos_token": False, "encode_special_tokens": False},
         ),
         ("ooba", "/v1/internal/encode", {"text": STORY}),
+        ("koboldcpp", "/api/extra/tokencount", {"prompt": STORY, "special": False}),
     ],
 )
 def test_sillytavern_remote_tokenizer(
@@ -451,10 +452,8 @@ def test_sillytavern_remote_tokenizer(
     response = httpx.post(server.base_url + path, json=served(server, body))
     assert response.status_code == 200, response.text
     data = response.json()
-    count = next(
-        (data[k] for k in ("length", "count", "value") if data.get(k) is not None),
-        len(data["tokens"]),
-    )
+    given = [data[k] for k in ("length", "count", "value") if data.get(k) is not None]
+    count = given[0] if given else len(data["tokens"])
     ids = data.get("tokens") or data.get("ids") or []
     plain = httpx.post(f"{server.base_url}/tokenize", json={"content": STORY}).json()["tokens"]
     assert all(isinstance(t, int) for t in ids)
@@ -1170,11 +1169,21 @@ def test_native_stop_word(server: RunningServer) -> None:
     assert greedy.startswith(out["content"]) and word not in out["content"]
 
 
+def test_unknown_sampler_names_are_skipped_as_llama_cpp_skips_them(
+    server: RunningServer,
+) -> None:
+    """SillyTavern 1.12.6's default `samplers` (common/sampling.cpp: llama-server logs
+    `tfs_z` and `typical_p` and goes on), and a letter string with an unknown letter."""
+    for samplers in (["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"], "kzt"):
+        response = native(server, prompt=STORY, n_predict=4, samplers=samplers)
+        assert response.status_code == 200, response.text
+    assert "skipping unknown sampler names ['tfs_z', 'typical_p']" in server.log()
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/completion", {"prompt": "x", "samplers": ["top_k", "beam"]}, "samplers"),
-        ("/completion", {"prompt": "x", "samplers": "kz"}, "samplers"),
+        ("/completion", {"prompt": "x", "samplers": ["top_k"] * 65}, "samplers"),
         ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
         ("/completion", {"prompt": "x", "n_predict": -2}, "n_predict"),
         ("/completion", {"prompt": "x", "n_predict": 10**6}, "max_tokens"),
