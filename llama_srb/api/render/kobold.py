@@ -37,7 +37,7 @@ class KoboldCall:
     trim_stop: bool
     logprobs: bool
     vocab: Vocabulary
-    results: list[NativeResult] = field(default_factory=list)
+    results: list[NativeResult] = field(init=False)
     prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
