@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llama_srb.api.errors import error_body
+from llama_srb.api.errors import body_for
 
 NULL = "null"
 LOOPBACK = "loopback"
@@ -119,7 +119,7 @@ class OriginGate:
         allowed = self.policy.allows(origin, headers.get("host"), needs_key)
         preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
         if not allowed:
-            await _refuse(send, origin)
+            await _refuse(send, origin, scope["path"])
         elif preflight:
             await _preflight(send, origin, headers)
         else:
@@ -165,12 +165,12 @@ async def _preflight(send: Send, origin: str, request: Headers) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _refuse(send: Send, origin: str) -> None:
+async def _refuse(send: Send, origin: str, path: str) -> None:
     message = (
         f"pages from {origin[:200]} may not call this server: start it with"
         " --cors-origins naming that origin, or with --api-key and send the key"
     )
-    body = json.dumps(error_body(403, message, code="origin_not_allowed")).encode()
+    body = json.dumps(body_for(path, 403, message, code="origin_not_allowed")).encode()
     headers = [(b"content-type", b"application/json"), (b"vary", b"Origin")]
     await send({"type": "http.response.start", "status": 403, "headers": headers})
     await send({"type": "http.response.body", "body": body})

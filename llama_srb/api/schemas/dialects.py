@@ -146,6 +146,7 @@ SAMPLER_NAMES: Mapping[str, str] = {
     "typ": "typ_p",
 }
 MAX_SAMPLERS = 64  # a list may repeat names; llama.cpp would apply each repeat again
+MAX_LOGGED_NAME = 40  # a client's name, as the warning shows it
 
 
 def sampler_names(samplers: str | Sequence[str]) -> list[str]:
@@ -171,8 +172,9 @@ def sampler_names(samplers: str | Sequence[str]) -> list[str]:
 
 
 def _known(found: list[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
-    """The canonical names found, and the names (or letters) that were not."""
-    return [c for _, c in found if c is not None], [n for n, c in found if c is None]
+    """The canonical names found, and (cut short for the log) the names that were not."""
+    unknown = [name[:MAX_LOGGED_NAME] for name, canonical in found if canonical is None]
+    return [c for _, c in found if c is not None], unknown
 
 
 # What "this sampler is not in the list" means: the setting that turns it off.
