@@ -1,6 +1,7 @@
 // SillyTavern's text-completion request bodies, built by its own code: the
-// createTextGenGenerationData() of the `sillytavern` npm package's
-// public/scripts/textgen-settings.js, run in node (stub-hooks.mjs stubs the page around it).
+// getTextGenGenerationData() (and createTextGenGenerationData()) of the `sillytavern` npm
+// package's public/scripts/textgen-settings.js, run in node (stub-hooks.mjs stubs the
+// page around it). Works with 1.19.0 (what the tests use) and 1.12.6.
 //
 //   node request.mjs PACKAGE_DIR < cases.json > bodies.json
 //
@@ -63,11 +64,12 @@ globalThis.document = new Proxy({}, {
         : inert(),
 });
 globalThis.localStorage = { getItem: () => null, setItem: () => {} };
-globalThis.$ = inert();
+globalThis.$ = globalThis.jQuery = inert();
 globalThis.toastr = inert();
 
 const st = await import(pathToFileURL(textgen));
-const constants = await import(pathToFileURL(join(pkg, 'src/constants.js')));
+const imported = await import(pathToFileURL(join(pkg, 'src/constants.js')));
+const constants = imported.VLLM_KEYS ? imported : imported.default; // 1.12's is CommonJS
 const defaults = JSON.parse(readFileSync(join(pkg, 'default/content/settings.json'), 'utf8'));
 const pristine = structuredClone(st.textgenerationwebui_settings);
 
@@ -98,10 +100,12 @@ async function settingsFor(testCase) {
 const cases = JSON.parse(readFileSync(0, 'utf8'));
 const bodies = [];
 for (const testCase of cases) {
-    const settings = await settingsFor(testCase);
+    await settingsFor(testCase);
     globalThis.__stStop = testCase.stop;
-    const body = st.createTextGenGenerationData(
-        settings, undefined, testCase.prompt, testCase.maxTokens, false, false, null, 'normal',
+    // A normal generation (not impersonate, continue or quiet: multi-swipe applies). Since
+    // 1.13 it hands the settings to createTextGenGenerationData; 1.12 reads them itself.
+    const body = await st.getTextGenGenerationData(
+        testCase.prompt, testCase.maxTokens, false, false, null, 'normal',
     );
     bodies.push(JSON.parse(JSON.stringify(body)));
 }

@@ -42,6 +42,10 @@ export async function resolve(specifier, context, nextResolve) {
 }
 
 export async function load(url, context, nextLoad) {
+    // The page's scripts are ES modules whatever package.json says (1.12's says nothing).
+    if (url.startsWith('file:') && real.has(fileURLToPath(url))) {
+        return nextLoad(url, { ...context, format: 'module' });
+    }
     if (!url.startsWith('stub:')) return nextLoad(url, context);
     const names = decodeURIComponent(url.split('?names=')[1] ?? '').split(',').filter(Boolean);
     const lines = names.map((name) => name === 'default'
