@@ -7,9 +7,9 @@ The release is the npm package `sillytavern` (1.19.0), which `make test` downloa
 ~/.cache/llama-srb (the Makefile's `sillytavern` step); outside `make test` these tests skip
 when it is not there. From it:
 - default/content/presets/textgen/*.json and default/content/settings.json: the settings;
-- public/scripts/textgen-settings.js: getTextGenGenerationData (createTextGenGenerationData) builds each body, run in
-  node as it ships (sillytavern/request.mjs says how the settings are put together:
-  loadTextGenSettings, selectPreset, the #textgen_type handler's Top K -1);
+- public/scripts/textgen-settings.js: getTextGenGenerationData (createTextGenGenerationData)
+  builds each body, run in node as it ships (sillytavern/request.mjs says how the settings
+  are put together: loadTextGenSettings, selectPreset, the #textgen_type handler's Top K -1);
 - src/constants.js: VLLM_KEYS and OPENAI_KEYS, with which
   src/endpoints/backends/text-completions.js (/generate) filters the vLLM and Generic
   bodies before forwarding them (Generic: stop[:4]) to /completion (llama.cpp) or
