@@ -22,8 +22,12 @@ SRC        := $(BUILDS)/src-$(LLAMA_CPP)
 LLAMA_SRC  := $(SRC)/llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp
 LLAMA_TOOLS := $(BUILDS)/llama-tools-$(LLAMA_CPP)
 RPC_PORT   ?= 50052
+# SillyTavern's current release, from npm: its presets, settings and request builder are
+# what tests/integration/test_sillytavern_presets.py sends (once, into ~/.cache/llama-srb).
+SILLYTAVERN_VERSION := 1.19.0
+SILLYTAVERN := $(BUILDS)/sillytavern-$(SILLYTAVERN_VERSION)
 
-.PHONY: serve test lint bench install screenshot rpc-worker llama-tools
+.PHONY: serve test lint bench install screenshot rpc-worker llama-tools sillytavern
 
 install: $(STAMP)
 
@@ -91,8 +95,18 @@ $(CMAKE):
 serve: $(STAMP)
 	$(VENV)/bin/llama-srb serve --port $(PORT)
 
-test: $(STAMP) $(CHROMIUM) $(NGINX) $(RPC_SERVER)
-	LLAMA_SRB_RPC_SERVER=$(RPC_SERVER) $(PY) -m pytest -q
+test: $(STAMP) $(CHROMIUM) $(NGINX) $(RPC_SERVER) $(SILLYTAVERN)/.unpacked
+	LLAMA_SRB_RPC_SERVER=$(RPC_SERVER) LLAMA_SRB_SILLYTAVERN=$(SILLYTAVERN)/package \
+		$(PY) -m pytest -q
+
+sillytavern: $(SILLYTAVERN)/.unpacked
+
+$(SILLYTAVERN)/.unpacked:
+	@echo ">> downloading SillyTavern $(SILLYTAVERN_VERSION) from npm for its presets (once)"
+	rm -rf $(SILLYTAVERN) && mkdir -p $(SILLYTAVERN)
+	cd $(SILLYTAVERN) && npm pack --silent sillytavern@$(SILLYTAVERN_VERSION) >/dev/null
+	tar xzf $(SILLYTAVERN)/sillytavern-$(SILLYTAVERN_VERSION).tgz -C $(SILLYTAVERN)
+	@touch $@
 
 $(CHROMIUM):
 	@echo ">> installing Debian's chromium for the browser UI test"

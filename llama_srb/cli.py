@@ -39,6 +39,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         kind, choices = _flag_type(info.annotation)
         env = f"LLAMA_SRB_{name.upper()}"
         default = info.default.value if isinstance(info.default, enum.Enum) else info.default
+        if isinstance(default, list):  # as the flag takes it: comma-separated
+            default = ",".join(default)
         if info.annotation is bool:  # a switch: --log-prompts / --no-log-prompts
             parser.add_argument(
                 *flags,

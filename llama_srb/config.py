@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, FilePath, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from llama_srb.bundled_model import BUNDLED, bundled_model_path
 from llama_srb.bundled_model import DEFAULT as DEFAULT_MODEL
@@ -127,7 +128,7 @@ class Settings(BaseSettings):
         None, description="fraction of the model per GPU, comma-separated (e.g. 3,1)"
     )
     main_gpu: int = Field(0, ge=0, description="GPU used with --split-mode none")
-    rpc: list[str] | None = Field(
+    rpc: Annotated[list[str] | None, NoDecode] = Field(
         None,
         description="llama.cpp rpc-server workers (host:port, comma-separated) whose devices"
         " hold layers of the model, as llama.cpp's --rpc (with --n-gpu-layers, --tensor-split)",
@@ -144,10 +145,13 @@ class Settings(BaseSettings):
         None,
         description="file of accepted API keys, one per line (# comments); adds to --api-key",
     )
-    cors_origins: list[str] | None = Field(
-        None,
-        description="browser origins allowed to call the API, comma-separated (* for any);"
-        " default: same origin only",
+    # NoDecode: the environment gives a comma list, as the flag does, not JSON
+    cors_origins: Annotated[list[str], NoDecode] = Field(
+        ["null", "loopback"],
+        description="web pages that may call the API from a browser, comma-separated: origins"
+        " (https://host:port), `null` (pages opened as files), `loopback` (localhost,"
+        " 127.0.0.1, [::1], any port), `*` (any page) or `none` (the server's own pages"
+        " only); with --api-key any page that sends the key may",
     )
     max_body_bytes: int = Field(
         8 << 20, ge=1024, le=1 << 30, description="largest request body accepted (else 413)"

@@ -22,11 +22,13 @@ from llama_srb.api.middleware import install_middleware
 from llama_srb.api.routes.chat import chat_router
 from llama_srb.api.routes.completions import completions_router
 from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest, dialects_router
+from llama_srb.api.routes.kobold import kobold_router
 from llama_srb.api.routes.models import models_router
 from llama_srb.api.routes.native import native_router
 from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest, tokenize_router
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
+from llama_srb.api.schemas.kobold import KoboldGenerateRequest, TokenCountRequest
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import document_bodies
@@ -86,6 +88,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(native_router(state))
     # TabbyAPI's and text-generation-webui's model and token routes, under /v1.
     app.include_router(dialects_router(state))
+    # KoboldCpp's API (KoboldAI Lite, Mikupad's KoboldCpp mode), under /api.
+    app.include_router(kobold_router(state))
     document_bodies(
         app,
         [
@@ -96,6 +100,8 @@ def create_app(settings: Settings) -> FastAPI:
             NativeCompletionRequest,
             EncodeRequest,
             DecodeRequest,
+            KoboldGenerateRequest,
+            TokenCountRequest,
         ],
     )
     # The browser UI: static files, no build step; mounted last so API routes win.

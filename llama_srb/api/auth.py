@@ -12,7 +12,7 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from llama_srb.api.errors import error_body
+from llama_srb.api.errors import body_for
 from llama_srb.config import Settings
 
 _UNAUTHORIZED = "missing or wrong API key: send `Authorization: Bearer <key>`"
@@ -58,7 +58,9 @@ class RequireKey:
         ):
             await self.app(scope, receive, send)
             return
-        body = json.dumps(error_body(401, _UNAUTHORIZED, code="invalid_api_key")).encode()
+        body = json.dumps(
+            body_for(scope["path"], 401, _UNAUTHORIZED, code="invalid_api_key")
+        ).encode()
         headers = [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
         await send({"type": "http.response.start", "status": 401, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -1,4 +1,5 @@
-"""OpenAI-style error objects: every failure a client sees has this shape and a 4xx/5xx."""
+"""OpenAI-style error objects: every failure a client sees has this shape and a 4xx/5xx
+(KoboldCpp's own shape on its API's routes, /api/...)."""
 
 from __future__ import annotations
 
@@ -48,8 +49,28 @@ def error_body(
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(exc: APIError) -> JSONResponse:
-    body = error_body(exc.status, exc.message, exc.param, exc.code)
+# KoboldCpp's API (routes/kobold.py) answers errors in its own shape.
+KOBOLD_PREFIX = "/api/"
+_KOBOLD_TYPES = {401: "unauthorized", 429: "service_unavailable", 503: "service_unavailable"}
+
+
+def kobold_error_body(status: int, message: str) -> dict[str, Any]:
+    """KoboldCpp's `{"detail": {"msg", "type"}}`."""
+    kind = _KOBOLD_TYPES.get(status, "server_error" if status >= 500 else "bad_input")
+    return {"detail": {"msg": message, "type": kind}}
+
+
+def body_for(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The error object in the shape the route's clients read."""
+    if path.startswith(KOBOLD_PREFIX):
+        return kobold_error_body(status, message)
+    return error_body(status, message, param, code)
+
+
+def error_response(exc: APIError, path: str = "") -> JSONResponse:
+    body = body_for(path, exc.status, exc.message, exc.param, exc.code)
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
@@ -86,26 +107,27 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc, request.url.path)
 
     @app.exception_handler(ParamError)
-    async def _param_error(_: Request, exc: ParamError) -> JSONResponse:
-        return error_response(APIError(400, str(exc), exc.param))
+    async def _param_error(request: Request, exc: ParamError) -> JSONResponse:
+        return error_response(APIError(400, str(exc), exc.param), request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _describe_validation(exc)
-        return error_response(APIError(400, message, param))
+        return error_response(APIError(400, message, param), request.url.path)
 
     @app.exception_handler(Interrupted)
-    async def _interrupted(_: Request, exc: Interrupted) -> JSONResponse:
-        return error_response(interrupted_error(exc))
+    async def _interrupted(request: Request, exc: Interrupted) -> JSONResponse:
+        return error_response(interrupted_error(exc), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(exc.status_code, str(exc.detail)))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(APIError(exc.status_code, str(exc.detail)), request.url.path)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        error = APIError(500, f"internal error: {type(exc).__name__}")
+        return error_response(error, request.url.path)

@@ -1,4 +1,5 @@
-"""ASGI middleware: request counting by route and status, API keys, body size limit, CORS.
+"""ASGI middleware: request counting by route and status, API keys, body size limit, and
+which pages may call the API (api/origins.py).
 
 Pure ASGI (no BaseHTTPMiddleware), so streaming responses and client disconnects pass
 through untouched.
@@ -13,12 +14,12 @@ from collections.abc import Callable, Collection
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
-from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llama_srb.api.auth import ApiKeys, RequireKey
 from llama_srb.api.errors import error_body
 from llama_srb.api.metrics import ServerMetrics
+from llama_srb.api.origins import OriginGate, OriginPolicy
 from llama_srb.config import Settings
 
 
@@ -26,20 +27,15 @@ def install_middleware(
     app: FastAPI, settings: Settings, metrics: ServerMetrics, open_paths: Collection[str]
 ) -> None:
     """Added innermost first; counting is outermost, so 401s, 413s and preflights are
-    counted; CORS wraps the key check, so browsers see its 401s and preflights pass."""
+    counted; the origin gate wraps the key check, so browsers see its 401s and preflights
+    (which carry no key) pass."""
     app.add_exception_handler(BodyTooLarge, _body_too_large)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     keys = ApiKeys(settings)
     if keys.required:
         app.add_middleware(RequireKey, keys=keys, open_paths=open_paths)
-    if settings.cors_origins:  # none configured: no CORS headers, browsers allow same origin
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "OPTIONS"],
-            allow_headers=["Authorization", "Content-Type", "X-Session-Id"],
-            max_age=600,
-        )
+    policy = OriginPolicy.of(settings.cors_origins, keyed=keys.required)
+    app.add_middleware(OriginGate, policy=policy, open_paths=open_paths)
     app.add_middleware(
         CountRequests, metrics=metrics, templates=lambda: list(app.openapi()["paths"])
     )

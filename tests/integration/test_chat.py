@@ -157,15 +157,21 @@ def test_each_bundled_model_chats_out_of_the_box(
 
 
 @pytest.mark.models(GEMMA)
-def test_a_template_that_raises_is_a_400_with_its_message(chat_server: RunningServer) -> None:
-    """Gemma 3's template refuses two user turns in a row (raise_exception): its words are
-    the 400's. Gemma 3 only: SmolLM2's ChatML template renders any order of turns."""
+def test_turns_a_template_refuses_are_folded_into_ones_it_takes(
+    chat_server: RunningServer,
+) -> None:
+    """Gemma 3's template refuses two user turns in a row (raise_exception); they are
+    joined into one (input/turns.py), so the same prompt as the joined turn is read.
+    Gemma 3 only: SmolLM2's ChatML template renders any order of turns as sent."""
     two_users = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
-    body = {"messages": two_users, "max_tokens": 2}
-    response = httpx.post(f"{chat_server.api_url}/chat/completions", json=body, timeout=60)
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["param"] == "messages" and "Conversation roles must alternate" in error["message"]
+    joined = [{"role": "user", "content": "a\n\nb"}]
+    usage = []
+    for messages in (two_users, joined):
+        body = {"messages": messages, "max_tokens": 2}
+        response = httpx.post(f"{chat_server.api_url}/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        usage.append(response.json()["usage"]["prompt_tokens"])
+    assert usage[0] == usage[1]
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,13 +33,21 @@ import pytest
 from llama_srb.api.input.chat import packaged
 from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA, ModelFacts
+from tests.integration.st_client import (
+    TIMEOUT,
+    st_check_error,
+    st_events,
+    st_parse_tabby_logprobs,
+    st_parse_textgen_logprobs,
+    st_textgen_stream,
+    st_textgen_whole,
+)
 
 SERVED = "<the served model id>"  # in a parametrized body: replaced by the server's model id
 STORY = (
     "The old lighthouse keeper climbed the stairs one last time. At the top, he found a"
     " letter tucked under the lamp. It said:"
 )
-TIMEOUT = 180
 
 
 @pytest.fixture(scope="module")
@@ -386,127 +393,6 @@ def st_generation_data(
     return body
 
 
-def st_generate_url(api_type: str, server: RunningServer) -> str:
-    """text-completions.js /generate: trimV1(api_server) + the type's path."""
-    return server.base_url + ("/completion" if api_type == "llamacpp" else "/v1/completions")
-
-
-def st_events(response: httpx.Response) -> Iterator[str]:
-    """sse-stream.js EventSourceStream: events split on blank lines, `data:` lines joined."""
-    buffer = ""
-    for chunk in response.iter_text():
-        buffer += chunk
-        *events, buffer = re.split(r"\r\n\r\n|\r\r|\n\n", buffer)
-        for event in events:
-            data = [
-                m.group(2) or ""
-                for line in re.split(r"\n|\r|\r\n", event)
-                if (m := re.match(r"([^:]+)(?:: ?(.*))?", line)) and m.group(1) == "data"
-            ]
-            if data:
-                yield "\n".join(data)
-
-
-def st_check_error(data: str) -> None:
-    """tryParseStreamingError: a top-level error.message, error, message or detail aborts."""
-    try:
-        parsed = json.loads(data)
-    except ValueError:
-        return
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        message = (error.get("message") if isinstance(error, dict) else error) or parsed.get(
-            "message"
-        )
-        assert not (message or parsed.get("detail")), f"SillyTavern shows an error: {data}"
-
-
-def st_textgen_stream(api_type: str, server: RunningServer, body: dict[str, Any]) -> dict:
-    """generateTextGenWithStreaming: the main text, the swipes, and the logprobs of each
-    main-text event that had some (what the streaming processor keeps)."""
-    text, swipes, logprobs = "", {}, []
-    with httpx.stream(
-        "POST", st_generate_url(api_type, server), json={**body, "stream": True}, timeout=TIMEOUT
-    ) as response:
-        assert response.status_code == 200, response.read()
-        for value in st_events(response):
-            if value == "[DONE]":
-                break
-            st_check_error(value)
-            data = json.loads(value)
-            choice = (data.get("choices") or [{}])[0]
-            if choice.get("index", 0) > 0:
-                i = choice["index"] - 1
-                swipes[i] = swipes.get(i, "") + js_str(choice.get("text"))
-            elif data.get("index", 0) > 0:  # llama.cpp streaming swipe
-                i = data["index"] - 1
-                swipes[i] = swipes.get(i, "") + js_str(data.get("content"))
-            else:
-                new_text = choice.get("text") or data.get("content") or ""
-                text += new_text
-                raw = choice.get("logprobs") or data.get("completion_probabilities")
-                parsed = st_parse_textgen_logprobs(api_type, new_text, raw)
-                if parsed is not None:
-                    logprobs.append(parsed)
-    return {"text": text, "swipes": [swipes[i] for i in sorted(swipes)], "logprobs": logprobs}
-
-
-def js_str(value: object) -> str:
-    """`+=` in JavaScript: a missing text becomes the string "undefined"."""
-    return "undefined" if value is None else str(value)
-
-
-def st_textgen_whole(api_type: str, server: RunningServer, body: dict[str, Any]) -> dict:
-    """A non-streamed generation: extractMessageFromData and extractMultiSwipes."""
-    response = httpx.post(st_generate_url(api_type, server), json=body, timeout=TIMEOUT)
-    assert response.status_code == 200, response.text
-    data = response.json()
-    if isinstance(data, dict):
-        choice = (data.get("choices") or [{}])[0]
-        text = choice.get("text") or data.get("content") or ""
-    else:
-        text = data[0]["content"]
-    swipes: list[str] = []
-    if api_type == "llamacpp" and isinstance(data, list):
-        swipes = [r.get("content") or "" for r in data[1:]]
-    if api_type in ("vllm", "aphrodite", "tabby"):
-        swipes = [(c.get("message") or {}).get("content") or c["text"] for c in data["choices"][1:]]
-    return {"text": text, "swipes": swipes, "data": data}
-
-
-def st_parse_textgen_logprobs(api_type: str, token: str, logprobs: Any) -> Any:
-    """parseTextgenLogprobs: one token's candidates as [text, probability or logprob]."""
-    if not logprobs:
-        return None
-    if api_type == "llamacpp":
-        first = logprobs[0]
-        if "probs" in first:
-            return {"token": token, "top": [[x["tok_str"], x["prob"]] for x in first["probs"]]}
-        if first.get("top_logprobs"):
-            top = [[x["token"], math.exp(x["logprob"])] for x in first["top_logprobs"]]
-            return {"token": token, "top": top}
-        return None
-    top_logprobs = logprobs.get("top_logprobs")
-    if not top_logprobs:
-        return None
-    return {"token": token, "top": list(top_logprobs[0].items())}  # Object.entries: a dict
-
-
-def st_parse_tabby_logprobs(api_type: str, data: dict) -> list | None:
-    """parseTabbyLogprobs (vllm, aphrodite, tabby, koboldcpp): tokens cut from the text at
-    `text_offset`, each with its `top_logprobs` dict."""
-    choice = data["choices"][0]
-    text, offsets = choice.get("text"), (choice.get("logprobs") or {}).get("text_offset")
-    if not text or not offsets:
-        return None
-    tokens = [
-        text[o : (offsets[i + 1] if i + 1 < len(offsets) else 0) or len(text)]
-        for i, o in enumerate(offsets)
-    ]
-    tops = [{"top_logprobs": [x]} for x in choice["logprobs"]["top_logprobs"]]
-    return [st_parse_textgen_logprobs(api_type, t, tops[i]) for i, t in enumerate(tokens)]
-
-
 @pytest.mark.parametrize("api_type", TEXTGEN_TYPES)
 def test_sillytavern_connects(server: RunningServer, api_type: str) -> None:
     """text-completions.js /status: the models list (Tabby's own route for tabby), then
@@ -555,6 +441,7 @@ def test_sillytavern_reads_llamacpp_props(server: RunningServer, model_facts: Mo
             {"text": STORY, "add_bos_token": False, "encode_special_tokens": False},
         ),
         ("ooba", "/v1/internal/encode", {"text": STORY}),
+        ("koboldcpp", "/api/extra/tokencount", {"prompt": STORY, "special": False}),
     ],
 )
 def test_sillytavern_remote_tokenizer(
@@ -565,10 +452,8 @@ def test_sillytavern_remote_tokenizer(
     response = httpx.post(server.base_url + path, json=served(server, body))
     assert response.status_code == 200, response.text
     data = response.json()
-    count = next(
-        (data[k] for k in ("length", "count", "value") if data.get(k) is not None),
-        len(data["tokens"]),
-    )
+    given = [data[k] for k in ("length", "count", "value") if data.get(k) is not None]
+    count = given[0] if given else len(data["tokens"])
     ids = data.get("tokens") or data.get("ids") or []
     plain = httpx.post(f"{server.base_url}/tokenize", json={"content": STORY}).json()["tokens"]
     assert all(isinstance(t, int) for t in ids)
@@ -1284,11 +1169,21 @@ def test_native_stop_word(server: RunningServer) -> None:
     assert greedy.startswith(out["content"]) and word not in out["content"]
 
 
+def test_unknown_sampler_names_are_skipped_as_llama_cpp_skips_them(
+    server: RunningServer,
+) -> None:
+    """SillyTavern 1.12.6's default `samplers` (common/sampling.cpp: llama-server logs
+    `tfs_z` and `typical_p` and goes on), and a letter string with an unknown letter."""
+    for samplers in (["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"], "kzt"):
+        response = native(server, prompt=STORY, n_predict=4, samplers=samplers)
+        assert response.status_code == 200, response.text
+    assert "skipping unknown sampler names ['tfs_z', 'typical_p']" in server.log()
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
-        ("/completion", {"prompt": "x", "samplers": ["top_k", "beam"]}, "samplers"),
-        ("/completion", {"prompt": "x", "samplers": "kz"}, "samplers"),
+        ("/completion", {"prompt": "x", "samplers": ["top_k"] * 65}, "samplers"),
         ("/completion", {"prompt": "x", "n_probs": 21}, "n_probs"),
         ("/completion", {"prompt": "x", "n_predict": -2}, "n_predict"),
         ("/completion", {"prompt": "x", "n_predict": 10**6}, "max_tokens"),

@@ -149,14 +149,70 @@ def test_sampler_names_as_llama_cpp_spells_them() -> None:
     assert dialects.sampler_names("kpmxt") == ["top_k", "top_p", "min_p", "xtc", "temperature"]
 
 
+# SillyTavern's `samplers` for the llama.cpp type: 1.12.6's default settings, and what
+# 1.19.0 sends with every preset it ships (default/content/presets/textgen/*.json, with
+# `adaptive_p` inserted by setSettingByName). llama.cpp knows neither `tfs_z` nor
+# `typical_p` (common/sampling.cpp: its typical sampler is `typ_p`) and skips them.
+SILLYTAVERN_1_12 = ["top_k", "tfs_z", "typical_p", "top_p", "min_p", "temperature"]
+SILLYTAVERN_1_19 = [
+    "penalties",
+    "dry",
+    "top_n_sigma",
+    "top_k",
+    "typ_p",
+    "tfs_z",
+    "typical_p",
+    "xtc",
+    "top_p",
+    "adaptive_p",
+    "min_p",
+    "temperature",
+]
+
+
 @pytest.mark.parametrize(
-    ("samplers", "words"),
-    [(["top_k", "beam"], "unknown sampler 'beam'"), ("kpz", "unknown sampler letter 'z'")],
+    ("samplers", "known", "skipped"),
+    [
+        (SILLYTAVERN_1_12, ["top_k", "top_p", "min_p", "temperature"], "'tfs_z', 'typical_p'"),
+        (
+            SILLYTAVERN_1_19,
+            [n for n in SILLYTAVERN_1_19 if n not in ("tfs_z", "typical_p")],
+            "'tfs_z', 'typical_p'",
+        ),
+        (["top_k", "beam"], ["top_k"], "'beam'"),
+        ("kpz", ["top_k", "top_p"], "'z'"),
+    ],
 )
-def test_unknown_samplers_are_refused(samplers: object, words: str) -> None:
-    with pytest.raises(ParamError, match=words) as error:
-        dialects.sampler_names(samplers)  # type: ignore[arg-type]
+def test_unknown_samplers_are_skipped_with_a_warning(
+    samplers: list[str] | str, known: list[str], skipped: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As llama-server does (common_sampler_types_from_names/_from_chars: LOG_WRN, skip)."""
+    assert dialects.sampler_names(samplers) == known
+    assert skipped in caplog.text and "skipping unknown sampler" in caplog.text
+
+
+def test_too_many_samplers_are_refused() -> None:
+    with pytest.raises(ParamError, match="at most 64 samplers") as error:
+        dialects.sampler_names(["top_k"] * 65)
     assert error.value.param == "samplers"
+
+
+@pytest.mark.parametrize(
+    ("field", "sent", "meant"),
+    [("top_k", -1, 0), ("top_k", 5, 5), ("seed", -1, None), ("seed", 7, 7)],
+)
+def test_other_servers_off_values_mean_off(field: str, sent: int, meant: int | None) -> None:
+    """vLLM's and Aphrodite's top_k -1 (what SillyTavern sends them when Top K is 0), and
+    llama.cpp's, KoboldCpp's and text-generation-webui's random seed -1."""
+    body = CompletionRequest.model_validate({"prompt": "x", field: sent})
+    assert getattr(body.sampling_params(), field) == (
+        meant if meant is not None else getattr(SamplingParams(), field)
+    )
+
+
+def test_other_negative_top_k_is_still_refused() -> None:
+    with pytest.raises(ParamError, match="top_k"):
+        CompletionRequest.model_validate({"prompt": "x", "top_k": -2}).sampling_params()
 
 
 def test_samplers_left_out_are_turned_off() -> None:

@@ -49,6 +49,17 @@ def test_cors_origins_split_on_commas() -> None:
     ]
 
 
+def test_cors_origins_from_the_environment_are_a_comma_list_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("LLAMA_SRB_CORS_ORIGINS", "null,https://a.example")
+    assert Settings().cors_origins == ["null", "https://a.example"]
+
+
+def test_file_pages_and_loopback_pages_by_default() -> None:
+    assert Settings().cors_origins == ["null", "loopback"]
+
+
 def test_route_labels_match_templates_not_raw_paths() -> None:
     assert route_pattern("/v1/models/{model}").match("/v1/models/gemma")
     assert not route_pattern("/v1/models/{model}").match("/v1/models/a/b")

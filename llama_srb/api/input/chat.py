@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
@@ -34,6 +34,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.params import default_max_tokens, request_params
 from llama_srb.api.input.prompts import MAX_BYTES_PER_TOKEN
+from llama_srb.api.input.turns import FOLDS
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.native import Model
 from llama_srb.sampling.params import MAX_STOPS, ParamError, SamplingParams
@@ -107,6 +108,10 @@ class _Rejected(jinja2.TemplateError):
     """What a template's `raise_exception(...)` raises: the template's own message."""
 
 
+class TemplateRejected(ChatTemplateError):
+    """The template refused the messages (its `raise_exception`): folding them may help."""
+
+
 def _raise_exception(message: str) -> None:
     raise _Rejected(message)
 
@@ -149,7 +154,7 @@ class ChatTemplate:
                 eos_token=self.eos_token,
             )
         except _Rejected as exc:
-            raise ChatTemplateError(f"the chat template rejected the messages: {exc}") from None
+            raise TemplateRejected(f"the chat template rejected the messages: {exc}") from None
         except Exception as exc:  # a template is code: any failure is the template's
             raise ChatTemplateError(
                 f"the chat template failed: {type(exc).__name__}: {exc}"
@@ -185,15 +190,8 @@ def _tokenize_turns(
     messages say never does, or a message reading `<end_of_turn><start_of_turn>model`
     would forge a turn. Messages with such text are rendered as unique slots, then
     tokenized as plain text in their place."""
-    risky = {i for i, m in enumerate(messages) if model.spells_special(m["content"])}
     slot = f"\x00{uuid.uuid4().hex}:"  # no client text can contain it: it is new
-    slotted = [
-        {**m, "content": f"{slot}{i}\x00"} if i in risky else m for i, m in enumerate(messages)
-    ]
-    try:
-        text = template.render(slotted, add_generation_prompt=True)
-    except ChatTemplateError as exc:
-        raise APIError(400, str(exc), param="messages", code="chat_template_error") from None
+    messages, text = render_folded(template, messages, slot, model.spells_special)
     parts = re.split(f"{re.escape(slot)}(\\d+)\x00", text)  # template, index, template, …
     tokens: list[int] = []
     for k, part in enumerate(parts):
@@ -202,6 +200,31 @@ def _tokenize_turns(
         elif part:
             tokens += model.tokenize(part, add_special=False, parse_special=True)
     return tokens
+
+
+def render_folded(
+    template: ChatTemplate,
+    sent: list[dict[str, str]],
+    slot: str,
+    spells_special: Callable[[str], bool],
+) -> tuple[list[dict[str, str]], str]:
+    """The messages, folded as little as the template needs (input/turns.py), and their
+    text, each message that spells a special token rendered as `slot` + its index."""
+    error: ChatTemplateError | None = None
+    for fold in FOLDS:
+        messages = fold(sent)
+        risky = {i for i, m in enumerate(messages) if spells_special(m["content"])}
+        slotted = [
+            {**m, "content": f"{slot}{i}\x00"} if i in risky else m for i, m in enumerate(messages)
+        ]
+        try:
+            return messages, template.render(slotted, add_generation_prompt=True)
+        except TemplateRejected as exc:
+            error = error or exc  # the template's words about the messages as sent
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages", code="chat_template_error") from None
+    assert error is not None
+    raise APIError(400, str(error), param="messages", code="chat_template_error")
 
 
 def chat_params(

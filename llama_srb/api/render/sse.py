@@ -1,4 +1,4 @@
-"""Server-Sent Events, framed in one place: an event, an error event, the `[DONE]` that ends
+"""Server-Sent Events, framed in one place: an event (named or not), an error event, the `[DONE]` that ends
 OpenAI's streams, the streaming response itself, and the envelope of OpenAI's chunks (with
 the usage they report, summed over a call's prompts)."""
 
@@ -21,6 +21,12 @@ DONE = "data: [DONE]\n\n"
 
 def event(payload: object) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+def named_event(name: str, payload: object) -> str:
+    """An event with a name line (KoboldCpp's `event: message`), `\n`-separated: KoboldAI
+    Lite's parser matches exactly `event: …\ndata: …\n\n`."""
+    return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 def error_event(message: str, status: int = 500, code: str | None = None) -> str:

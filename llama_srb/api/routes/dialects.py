@@ -4,7 +4,11 @@
   type), POST /v1/token/encode and /v1/token/decode (its tokenizer; Mikupad's OpenAI mode
   probes /v1/token/encode for token counts, with Tabby's `text` or Aphrodite's `prompt`).
 - text-generation-webui: GET /v1/internal/model/info (SillyTavern's ooba type turns remote
-  tokenization on when it answers), POST /v1/internal/encode, /decode and /token-count.
+  tokenization on when it answers), POST /v1/internal/encode, /decode and /token-count,
+  and POST /v1/internal/stop-generation (Mikupad's Cancel in OpenAI mode). There it stops
+  the one generation the server runs; here it stops nothing by itself, so that no client
+  can stop another's: a generation stops when its own client disconnects, which Mikupad
+  does right after (it aborts its stream).
 
 The text routes share /tokenize's work: tokenized on a worker, bounded by the context.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from llama_srb.api.routes.tokenize import check_tokens, tokens_of
@@ -142,6 +146,10 @@ def dialects_router(state: AppState) -> APIRouter:
         body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))],
     ) -> Response:
         return _json(TokenCount(length=(await encode(body)).length))
+
+    @router.post("/internal/stop-generation", response_model=str)
+    async def stop_generation() -> JSONResponse:
+        return JSONResponse("OK")  # text-generation-webui's answer
 
     return router
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from llama_srb.sampling.params import ParamError, SamplingParams
+
+log = logging.getLogger(__name__)
 
 Aliases = Mapping[str, tuple[str, ...]]
 
@@ -70,6 +73,23 @@ def canonical(body: dict[str, Any], aliases: Aliases) -> dict[str, Any]:
     return out
 
 
+# Values other servers read as "off" or "none" where ours has its own default:
+# vLLM and Aphrodite turn top-k off with -1 (SillyTavern sends -1 for them whenever its
+# Top K is 0, as in every preset it ships); llama.cpp, KoboldCpp and text-generation-webui
+# read seed -1 as "pick one at random" (llama.cpp's LLAMA_DEFAULT_SEED).
+OFF_SENTINELS: Mapping[str, tuple[object, object]] = {
+    "top_k": (-1, 0),
+    "seed": (-1, None),
+}
+
+
+def off_sentinel(field: str | None, value: object) -> object:
+    """`value`, or what it means here when it is another server's "off" for `field`."""
+    sentinel, meaning = OFF_SENTINELS.get(field or "", (None, None))
+    is_it = type(value) is int and value == sentinel
+    return meaning if is_it else value
+
+
 def sequence_breakers(value: object) -> object:
     """DRY's sequence breakers: a list of strings, or (text-generation-webui, TabbyAPI,
     Aphrodite) that list JSON-encoded in a string, with or without its brackets
@@ -88,8 +108,9 @@ def sequence_breakers(value: object) -> object:
     return parsed
 
 
-# llama.cpp's sampler names (common/sampling.cpp), as `samplers` takes them: canonical,
-# kebab-case and without the underscore, plus a few old aliases; case does not matter.
+# llama.cpp's sampler names (common/sampling.cpp, common_sampler_types_from_names): the
+# canonical ones, kebab-case and without the underscore, plus three old aliases; case does
+# not matter. Its letters (common_sampler_types_from_chars) below.
 _SAMPLER_NAMES = (
     "dry",
     "top_k",
@@ -125,30 +146,35 @@ SAMPLER_NAMES: Mapping[str, str] = {
     "typ": "typ_p",
 }
 MAX_SAMPLERS = 64  # a list may repeat names; llama.cpp would apply each repeat again
+MAX_LOGGED_NAME = 40  # a client's name, as the warning shows it
 
 
 def sampler_names(samplers: str | Sequence[str]) -> list[str]:
     """`samplers` (a list of names, or llama.cpp's one-letter string such as "kpmxt") as
-    canonical names; ParamError naming the first unknown one."""
+    canonical names. A name or letter llama.cpp does not know is skipped with a warning, as
+    llama-server does: SillyTavern's presets list `tfs_z` and `typical_p` (names llama.cpp
+    never had; `typ_p` is its typical sampler) beside the ones it knows."""
     if len(samplers) > MAX_SAMPLERS:
         raise ParamError("samplers", f"at most {MAX_SAMPLERS} samplers, got {len(samplers)}")
     if isinstance(samplers, str):
-        unknown = next((c for c in samplers if c not in _SAMPLER_CHARS), None)
-        if unknown is not None:
-            raise ParamError(
-                "samplers",
-                f"unknown sampler letter {unknown!r}; known: {''.join(_SAMPLER_CHARS)}",
-            )
-        return [_SAMPLER_CHARS[c] for c in samplers]
-    names = []
-    for name in samplers:
-        found = SAMPLER_NAMES.get(name.lower())
-        if found is None:
-            raise ParamError(
-                "samplers", f"unknown sampler {name!r}; known: {', '.join(_SAMPLER_NAMES)}"
-            )
-        names.append(found)
-    return names
+        known, unknown = _known([(c, _SAMPLER_CHARS.get(c)) for c in samplers])
+        if unknown:
+            log.warning("samplers: skipping unknown sampler letters %s", unknown)
+        return known
+    known, unknown = _known([(name, SAMPLER_NAMES.get(name.lower())) for name in samplers])
+    if unknown:
+        log.warning(
+            "samplers: skipping unknown sampler names %s (known: %s)",
+            unknown,
+            ", ".join(_SAMPLER_NAMES),
+        )
+    return known
+
+
+def _known(found: list[tuple[str, str | None]]) -> tuple[list[str], list[str]]:
+    """The canonical names found, and (cut short for the log) the names that were not."""
+    unknown = [name[:MAX_LOGGED_NAME] for name, canonical in found if canonical is None]
+    return [c for _, c in found if c is not None], unknown
 
 
 # What "this sampler is not in the list" means: the setting that turns it off.

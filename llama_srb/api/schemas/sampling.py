@@ -11,6 +11,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -136,6 +137,11 @@ class SamplingFields(BaseModel):
     @classmethod
     def _breakers(cls, value: object) -> object:
         return dialects.sequence_breakers(value)
+
+    @field_validator("top_k", "seed", mode="before")
+    @classmethod
+    def _off_sentinels(cls, value: object, info: ValidationInfo) -> object:
+        return dialects.off_sentinel(info.field_name, value)
 
     def sampling_params(self, **overrides: Any) -> SamplingParams:
         """SamplingParams from the fields the client set; raises ParamError when out of range."""

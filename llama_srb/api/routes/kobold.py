@@ -1,0 +1,263 @@
+"""KoboldCpp's API: KoboldAI United's /api/v1 routes and KoboldCpp's /api/extra ones, as
+KoboldCpp 1.76 serves them (koboldcpp.py `do_GET`, `do_POST`), for KoboldAI Lite, Mikupad's
+KoboldCpp mode and the tools written against it. Same engine path as every route: the
+prompt evaluated once, its `n` results decoded together (input/kobold.py → build_all →
+submit → render/kobold.py).
+
+A `genkey` (KoboldAI Lite sends "KCPP" and four digits) lets /api/extra/generate/check read
+a generation's text so far and /api/extra/abort stop it. KoboldCpp stops whatever runs when
+the key is empty; here nothing is stopped or read without the key, and a key counts only
+for the client that started the generation (its address, page origin and Authorization),
+so one client can neither stop nor read another's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from llama_srb.api.errors import APIError
+from llama_srb.api.input.kobold import kobold_budget, kobold_params, kobold_prompt
+from llama_srb.api.input.params import build_all, discard
+from llama_srb.api.render.kobold import KoboldCall
+from llama_srb.api.render.sse import sse_response
+from llama_srb.api.routes.tokenize import tokens_of
+from llama_srb.api.schemas.kobold import (
+    DEFAULT_MAX_LENGTH,
+    GenkeyRequest,
+    KoboldGenerateRequest,
+    TokenCountRequest,
+)
+from llama_srb.api.service import check_request, submit, until_disconnect
+from llama_srb.api.state import AppState
+from llama_srb.api.workers import body_spec, parsed
+from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.sequence import Request as EngineRequest
+
+KOBOLDCPP_VERSION = "1.76"  # whose API this is: KoboldAI Lite turns features on by it
+KOBOLDAI_API_VERSION = "1.2.5"  # the KoboldAI United API version KoboldCpp reports
+MAX_GENKEY_BODY = 4096  # a check or abort body holds a key, nothing more
+
+Scope = tuple[str | None, str | None, str | None]
+
+
+@dataclass
+class Job:
+    """A running generation that a genkey names."""
+
+    scope: Scope
+    request_ids: list[str] = field(default_factory=list)
+    call: KoboldCall | None = None
+    aborted: bool = False
+
+
+class GenKeys:
+    """genkey → its running generation; one owner: the router."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+
+    def add(self, genkey: str, job: Job) -> None:
+        if genkey:
+            self._jobs[genkey] = job  # a key used again names the newest generation
+
+    def remove(self, genkey: str, job: Job) -> None:
+        if self._jobs.get(genkey) is job:
+            del self._jobs[genkey]
+
+    def find(self, genkey: str, scope: Scope) -> Job | None:
+        job = self._jobs.get(genkey) if genkey else None
+        return job if job is not None and job.scope == scope else None
+
+
+def client_scope(http: Request) -> Scope:
+    host = http.client.host if http.client else None
+    return host, http.headers.get("origin"), http.headers.get("authorization")
+
+
+async def genkey_of(http: Request) -> str:
+    """The key of a check or abort body; none for an empty or unreadable one (KoboldCpp
+    reads those as no key too; Mikupad and SillyTavern send no body)."""
+    raw = await http.body()
+    if not raw or len(raw) > MAX_GENKEY_BODY:
+        return ""
+    try:
+        return GenkeyRequest.model_validate_json(raw).genkey
+    except ValidationError:
+        return ""
+
+
+def kobold_router(state: AppState) -> APIRouter:
+    router = APIRouter(prefix="/api")
+    settings = state.settings
+    genkeys = GenKeys()
+
+    def value(number: int) -> JSONResponse:
+        return JSONResponse({"value": number})
+
+    async def model_name() -> JSONResponse:
+        state.ready()
+        return JSONResponse({"result": settings.model_name})
+
+    async def api_version() -> JSONResponse:
+        return JSONResponse({"result": KOBOLDAI_API_VERSION})
+
+    async def max_context_length() -> JSONResponse:
+        return value(state.ready().n_ctx)
+
+    async def max_length() -> JSONResponse:
+        return value(DEFAULT_MAX_LENGTH)  # what a request that does not say generates
+
+    for version in ("v1", "latest"):  # KoboldCpp answers both
+        router.add_api_route(f"/{version}/model", model_name, methods=["GET"])
+        router.add_api_route(f"/{version}/info/version", api_version, methods=["GET"])
+        router.add_api_route(
+            f"/{version}/config/max_context_length", max_context_length, methods=["GET"]
+        )
+        router.add_api_route(f"/{version}/config/max_length", max_length, methods=["GET"])
+
+    @router.get("/extra/true_max_context_length")
+    async def true_max_context_length() -> JSONResponse:
+        return value(state.ready().n_ctx)
+
+    @router.get("/extra/version")
+    async def koboldcpp_version() -> JSONResponse:
+        return JSONResponse(
+            {
+                "result": "KoboldCpp",
+                "version": KOBOLDCPP_VERSION,
+                "protected": bool(settings.api_keys()),
+                "txt2img": False,
+                "vision": False,
+                "transcribe": False,
+            }
+        )
+
+    @router.get("/extra/preloadstory")
+    async def preloadstory() -> JSONResponse:
+        return JSONResponse({})  # no story is preloaded
+
+    async def generate(body: KoboldGenerateRequest, http: Request, stream: bool) -> Response:
+        if stream and body.n > 1:
+            raise APIError(
+                400,
+                "KoboldCpp's stream carries one text: ask /api/v1/generate for n > 1",
+                param="n",
+            )
+        loaded = check_request(state, body, 1)
+        model = loaded.model
+        job = Job(client_scope(http))
+        genkeys.add(body.genkey, job)  # before it is built: an abort may come that early
+        try:
+
+            def prepare() -> tuple[KoboldCall, list[EngineRequest]]:
+                prompt = kobold_prompt(body, model, loaded.n_ctx)
+                _, max_length = kobold_budget(body, loaded.n_ctx)
+                params = kobold_params(body, model, loaded.n_ctx, max_length)
+                call = KoboldCall(body.n, params.stop, body.trim_stop, bool(body.logprobs), model)
+                return call, build_all(loaded, body.n, [prompt], params, "kcpp")
+
+            call, requests = await state.workers.run(prepare, lambda built: discard(built[1]))
+            job.call = call
+            if job.aborted:
+                discard(requests)
+                requests = []
+            job.request_ids = [r.request_id for r in requests]
+            outputs = submit(state, requests) if requests else _nothing()
+        except BaseException:
+            genkeys.remove(body.genkey, job)
+            raise
+        if stream:
+            return sse_response(_registered(genkeys, body.genkey, job, call.events(outputs)))
+        try:
+            await until_disconnect(http, call.collect(outputs))
+        finally:
+            genkeys.remove(body.genkey, job)
+        return JSONResponse(call.whole())
+
+    @router.post(
+        "/v1/generate",
+        openapi_extra=body_spec(KoboldGenerateRequest),
+        summary="generate: one result per branch (`n`)",
+    )
+    async def generate_whole(
+        body: Annotated[KoboldGenerateRequest, Depends(parsed(KoboldGenerateRequest))],
+        http: Request,
+    ) -> Response:
+        return await generate(body, http, stream=False)
+
+    router.add_api_route(
+        "/latest/generate",
+        generate_whole,
+        methods=["POST"],
+        openapi_extra=body_spec(KoboldGenerateRequest),
+    )
+
+    @router.post(
+        "/extra/generate/stream",
+        openapi_extra=body_spec(KoboldGenerateRequest),
+        summary="generate, streamed as KoboldCpp's server-sent events",
+    )
+    async def generate_stream(
+        body: Annotated[KoboldGenerateRequest, Depends(parsed(KoboldGenerateRequest))],
+        http: Request,
+    ) -> Response:
+        return await generate(body, http, stream=True)
+
+    @router.api_route("/extra/generate/check", methods=["GET", "POST"])
+    async def check(http: Request) -> JSONResponse:
+        genkey = await genkey_of(http) if http.method == "POST" else ""
+        job = genkeys.find(genkey, client_scope(http))
+        if job is None or job.call is None:
+            return JSONResponse({"results": [{"text": ""}]})
+        return JSONResponse(job.call.pending())
+
+    @router.post("/extra/abort")
+    async def abort(http: Request) -> JSONResponse:
+        job = genkeys.find(await genkey_of(http), client_scope(http))
+        if job is None:
+            return JSONResponse({"success": "false", "done": "false"})  # KoboldCpp's strings
+        job.aborted = True
+        for request_id in job.request_ids:
+            state.ready().runtime.abort(request_id)  # its outputs end, as if it had finished
+        return JSONResponse({"success": "true", "done": "true"})
+
+    @router.post(
+        "/extra/tokencount",
+        openapi_extra=body_spec(TokenCountRequest),
+        summary="the prompt's tokens: `value` (their count) and `ids`",
+    )
+    async def tokencount(
+        body: Annotated[TokenCountRequest, Depends(parsed(TokenCountRequest))],
+    ) -> JSONResponse:
+        loaded = state.ready()
+
+        def run() -> list[int]:
+            return tokens_of(loaded, body.prompt, body.special, True)
+
+        ids = await state.workers.run(run)
+        return JSONResponse({"value": len(ids), "ids": ids})
+
+    return router
+
+
+async def _registered(
+    genkeys: GenKeys, genkey: str, job: Job, events: AsyncIterator[str]
+) -> AsyncIterator[str]:
+    """A stream's events, its genkey registered while they flow."""
+    try:
+        async for line in events:
+            yield line
+    finally:
+        genkeys.remove(genkey, job)
+
+
+async def _nothing() -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The outputs of a generation aborted before it was submitted."""
+    return
+    yield
