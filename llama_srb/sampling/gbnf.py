@@ -225,6 +225,8 @@ class _Parser:
     def _item(self, seq: Sequence_, nested: bool, rule: int) -> bool:
         """Parse one item or repetition onto `seq`; False when none starts here."""
         c = self._at()
+        if not c:
+            return False
         if c == '"':
             self.pos += 1
             chars = []
