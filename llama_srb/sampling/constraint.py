@@ -14,6 +14,7 @@ grammar that is complete allows them, one that is not forbids them.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 import weakref
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import llama_cpp
 import llguidance
-import llguidance.llamacpp
 import llguidance.numpy
 
 from llama_srb.native import Model
@@ -150,9 +151,7 @@ class Constraints:
     def tokenizer(self) -> llguidance.LLTokenizer:
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(
-                    self._model.vocab, eos_token=list(self.eog_tokens)
-                )
+                self._tokenizer = _tokenizer(self._model)
             return self._tokenizer
 
     def compile(self, spec: ConstraintSpec) -> Constraint:
@@ -195,6 +194,24 @@ class Constraints:
     def _token_for(self, spelled: str) -> int | None:
         tokens = self._model.tokenize(spelled, add_special=False, parse_special=True)
         return tokens[0] if len(tokens) == 1 else None
+
+
+def _tokenizer(model: Model) -> llguidance.LLTokenizer:
+    """The vocabulary as llama.cpp's grammar reads it: each token's text, and the tokens
+    that write no text (control tokens, end of generation) as special ones, which only
+    a grammar's token reference allows. (llguidance.llamacpp's own builder also makes
+    special the tokens a vocabulary defines that look like tags, which Gemma 3 has by
+    the thousand: `<table>`, `<h1>`; here they are text, as in llama.cpp.)"""
+    special = b"\xff"  # llguidance's mark of a special token's name
+    tokens = [model.piece(t) or special + model.special_piece(t) for t in range(model.n_vocab)]
+    tokenize = ctypes.cast(llama_cpp.llama_cpp._lib.llama_tokenize, ctypes.c_void_p).value
+    return llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
+        tokens=tokens,
+        vocab_ptr=model.vocab,
+        tokenize_fptr=tokenize,
+        eos_token=list(model.eog_tokens),
+        slices=None,
+    )
 
 
 _by_model: weakref.WeakKeyDictionary[Model, Constraints] = weakref.WeakKeyDictionary()

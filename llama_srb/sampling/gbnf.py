@@ -449,19 +449,20 @@ def _item(item: Item, names: list[str], eog: str) -> str:
 def _char_lexeme(ranges: list[tuple[int, int]], negated: bool) -> str:
     """A lexeme of exactly one character: a class of code point ranges as a Rust regex.
     Reversed ranges and surrogates match nothing (as in llama.cpp, where no character
-    decoded from UTF-8 falls in them)."""
+    decoded from UTF-8 falls in them), and neither does NUL."""
     valid = [part for lo, hi in ranges for part in _clip(lo, hi)]
-    if not valid:
-        return "/(?s:.)/" if negated else "/[^\\x{0}-\\x{10FFFF}]/"
-    if not negated and len(valid) == 1 and valid[0][0] == valid[0][1]:
-        return f"/{_escape(valid[0][0])}/"
     body = "".join(_escape(lo) if lo == hi else f"{_escape(lo)}-{_escape(hi)}" for lo, hi in valid)
-    return f"/[{'^' if negated else ''}{body}]/"
+    if negated:
+        return f"/[^\\x{{0}}{body}]/"
+    if not valid:
+        return "/[^\\x{0}-\\x{10FFFF}]/"
+    return f"/{body}/" if len(valid) == 1 and valid[0][0] == valid[0][1] else f"/[{body}]/"
 
 
 def _clip(lo: int, hi: int) -> list[tuple[int, int]]:
-    """The part of lo..hi that is Unicode scalar values."""
-    hi = min(hi, _MAX_CODEPOINT)
+    """The part of lo..hi that llama.cpp can match: Unicode scalar values but NUL (it
+    reads token pieces as C strings)."""
+    lo, hi = max(lo, 1), min(hi, _MAX_CODEPOINT)
     if lo > hi:
         return []
     out = []
