@@ -28,7 +28,7 @@ import llguidance.numpy
 
 from llama_srb.native import Model
 from llama_srb.sampling.gbnf import gbnf_to_lark
-from llama_srb.sampling.grammar import check_grammar
+from llama_srb.sampling.grammar import MAX_GRAMMAR_CHARS, check_grammar
 from llama_srb.sampling.params import ParamError
 
 # What one step of one matcher may cost, with llguidance's measured speeds: a step that
@@ -138,7 +138,9 @@ class Matcher:
 class Constraints:
     """Compiles constraints for one model: its llguidance tokenizer (built once, on first
     use) and the limits. Safe from any thread; `compile` releases the GIL while
-    llguidance builds the grammar."""
+    llguidance builds the grammar. Call it on a big-stack thread (native.native_thread,
+    as the request workers are): llguidance walks chains of rules recursively, and the
+    4,096 nested groups the grammar limits allow overflow a default 8 MiB stack."""
 
     def __init__(self, model: Model) -> None:
         self.n_vocab = model.n_vocab
@@ -182,10 +184,17 @@ class Constraints:
                 raise ParamError(spec.param, _unusable(spec, str(exc))) from None
         if not isinstance(source, str):
             raise ParamError(spec.param, f"{spec.param} must be a string")
+        if len(source) > MAX_GRAMMAR_CHARS:  # llguidance compiles rule chains recursively
+            raise ParamError(
+                spec.param, f"{spec.param} is {len(source)} characters; at most {MAX_GRAMMAR_CHARS}"
+            )
         if spec.kind is ConstraintKind.REGEX:
             return llguidance.LLMatcher.grammar_from_regex(source)
         if spec.kind is ConstraintKind.GBNF and not source.startswith("%llguidance"):
-            check_grammar(source)  # the size, depth and repetition bounds llama.cpp needs
+            try:  # the bounds of size, depth and repetition that llama.cpp's parser needs
+                check_grammar(source)
+            except ParamError as exc:
+                raise ParamError(spec.param, str(exc)) from None
             source = gbnf_to_lark(
                 source, self._token_for, self.n_vocab, self.eog_tokens, spec.param
             )
