@@ -32,8 +32,8 @@ from llama_srb.bundled_model import bundled_model_path
 from llama_srb.native import Model
 from llama_srb.sampling.constraint import (
     ConstraintKind,
-    ConstraintSpec,
     Constraints,
+    ConstraintSpec,
     Matcher,
     constraints_for,
 )
