@@ -11,6 +11,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ SCHEMA = {
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
     "required": ["name", "age"],
 }
-KINDS = {
+KINDS: dict[str, tuple[ConstraintKind, str | dict[str, Any]]] = {
     "JSON schema": (ConstraintKind.JSON_SCHEMA, SCHEMA),
     "regex": (ConstraintKind.REGEX, r"[A-Z][a-z]+( [a-z]+){2,12}\."),
     "GBNF": (ConstraintKind.GBNF, 'root ::= "- " [a-zA-Z ,]+ "\\n" ("- " [a-zA-Z ,]+ "\\n")*'),
