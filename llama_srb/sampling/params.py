@@ -8,7 +8,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llama_srb.sampling.constraint import Constraint
 
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
@@ -94,6 +97,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None
+    # The request's constraint compiled by llguidance (sampling/constraint.py), shared by
+    # its branches: each takes `constraint.matcher()`.
+    constraint: Constraint | None = None
     logprobs: int | None = None  # top alternatives per token; None: not computed at all
     # Choosing between branches (sampling/banned.py, sampling/branch.py): phrases no branch
     # may produce, first tokens all different, and per-branch sampler overrides.

@@ -27,6 +27,8 @@ NOT_PASSED_THROUGH = {
     "grammar",  # like response_format and json_schema: one grammar (input/params.py)
     "response_format",
     "json_schema",
+    "guided_regex",
+    "guided_grammar",
     "best_of",  # like n: how many branches (api/service.py)
 }
 ROUTES: list[type[SamplingFields]] = [CompletionRequest, ChatRequest, NativeCompletionRequest]

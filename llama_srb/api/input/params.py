@@ -5,14 +5,18 @@ grammar (GBNF, JSON, a JSON schema) and logit bias. Each route's own fields (cha
 llama.cpp's) are read in input/chat.py and input/native.py, which end here.
 
 Checked while the request is prepared, so that a bad schema or bias is a 400 that says
-what is wrong before anything is queued. The JSON-schema→GBNF converter is the one
-llama-cpp-python ships; llama.cpp's grammar sampler then enforces it per branch.
+what is wrong before anything is queued. Every constraint (a schema, GBNF, Lark, a
+regular expression) is compiled by llguidance here (`SamplingParams.constraint`,
+sampling/constraint.py); schemas and GBNF also become the GBNF text that llama.cpp's
+grammar sampler enforces per branch (`SamplingParams.grammar`; the JSON-schema→GBNF
+converter is the one llama-cpp-python ships) until the engine samples with the former.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +30,7 @@ from llama_srb.engine.engine import build_request
 from llama_srb.engine.sequence import Request as EngineRequest
 from llama_srb.loader import LoadedEngine
 from llama_srb.native import Model, vocab_error
+from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, constraints_for
 from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
 from llama_srb.sampling.params import ParamError, SamplingParams
 
@@ -39,9 +44,11 @@ def request_params(
     body: SamplingFields, model: Model, n_ctx: int, **overrides: Any
 ) -> SamplingParams:
     """The request's SamplingParams, its constraints included; ParamError when invalid."""
+    spec = constraint_spec(body)
     params = body.sampling_params(
         logit_bias=logit_bias(body.logit_bias, model.n_vocab, _text_tokens(model)),
         grammar=grammar_for(body),
+        constraint=constraints_for(model).compile(spec) if spec is not None else None,
         **overrides,
     )
     params.check_model_limits(model.n_vocab, n_ctx)
@@ -125,29 +132,59 @@ MAX_BIAS_ENTRIES = 4096
 MAX_BIAS_TEXT = 512  # a text in llama.cpp's list form is tokenized: bounded like a stop
 
 
-def grammar_for(body: SamplingFields) -> str | None:
-    """GBNF text from `grammar`, `response_format` or `json_schema`, if any was given.
+def constraint_spec(body: SamplingFields) -> ConstraintSpec | None:
+    """What the output must match, from whichever one constraint field was given.
     An empty grammar is none (SillyTavern sends `grammar: ""` when it has none)."""
     fmt = _json_format(body)
-    grammar = body.grammar or None
     given = [
-        name
+        (name, value)
         for name, value in (
-            ("grammar", grammar),
+            ("grammar", body.grammar or None),
             ("response_format", fmt),
             ("json_schema", body.json_schema),
+            ("guided_regex", body.guided_regex),
+            ("guided_grammar", body.guided_grammar or None),
         )
         if value is not None
     ]
     if len(given) > 1:
-        raise ParamError(given[1], f"give only one of {', '.join(given)}")
-    if grammar is not None:
-        return grammar
-    schema = body.json_schema if body.json_schema is not None else fmt
-    if schema is None:
+        names = ", ".join(name for name, _ in given)
+        raise ParamError(given[1][0], f"give only one of {names}")
+    if not given:
         return None
-    # An empty schema: any JSON object, with llama-cpp-python's stock JSON grammar.
-    return schema_grammar(schema, given[0]) if schema else JSON_GBNF
+    param, value = given[0]
+    if isinstance(value, dict):
+        return ConstraintSpec(ConstraintKind.JSON_SCHEMA, value or ANY_JSON_OBJECT, param)
+    if param == "guided_regex":
+        return ConstraintSpec(ConstraintKind.REGEX, value, param)
+    if param == "guided_grammar":  # Lark or GBNF, told apart as vLLM's llguidance does
+        kind = ConstraintKind.LARK if is_lark(value) else ConstraintKind.GBNF
+        return ConstraintSpec(kind, value, param)
+    return ConstraintSpec(ConstraintKind.GBNF, value, param)
+
+
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # what an empty schema asks for
+
+
+def is_lark(grammar: str) -> bool:
+    """Whether a grammar is in Lark syntax: it says `%llguidance` or has a `start:` rule."""
+    return re.search(r"(?m)^\s*(%llguidance\b|start\s*:)", grammar) is not None
+
+
+def grammar_for(body: SamplingFields) -> str | None:
+    """GBNF text for llama.cpp's grammar sampler, from `grammar`, `response_format` or
+    `json_schema`, if any was given (constraint_spec checks that only one was). None
+    for the constraints that sampler cannot take: regular expressions and Lark."""
+    spec = constraint_spec(body)
+    if spec is None or spec.kind in (ConstraintKind.REGEX, ConstraintKind.LARK):
+        return None
+    if spec.kind is ConstraintKind.GBNF:
+        assert isinstance(spec.source, str)
+        return None if spec.source.startswith("%llguidance") else spec.source
+    assert isinstance(spec.source, dict)
+    if spec.source == ANY_JSON_OBJECT:  # llama-cpp-python's stock JSON grammar
+        return JSON_GBNF
+    return schema_grammar(spec.source, spec.param)
 
 
 def _json_format(body: SamplingFields) -> dict[str, Any] | None:

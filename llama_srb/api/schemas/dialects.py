@@ -33,6 +33,7 @@ SAMPLING_ALIASES: Aliases = {
     "top_n_sigma": ("nsigma",),  # Aphrodite, KoboldCpp
     "ignore_eos": ("ban_eos_token",),  # ooba, Tabby
     "grammar": ("grammar_string",),  # ooba, Tabby
+    "guided_regex": ("regex",),  # SGLang
     "seed": ("sampler_seed",),  # KoboldCpp
     "stop": ("stopping_strings",),  # ooba
     "min_tokens": ("min_length",),  # ooba

@@ -26,6 +26,7 @@ from llama_srb.sampling.params import SamplingParams
 SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - {
     "logit_bias",
     "grammar",
+    "constraint",
     "logprobs",
 }
 
@@ -104,6 +105,14 @@ class SamplingFields(BaseModel):
     grammar: str | None = Field(None, description="GBNF grammar the output must match")
     json_schema: dict[str, Any] | None = Field(
         None, description="JSON schema the output must match (llama.cpp's extension)"
+    )
+    guided_regex: str | None = Field(
+        None, description="regular expression the whole output must match (vLLM's field)"
+    )
+    guided_grammar: str | None = Field(
+        None,
+        description="grammar the output must match, in llguidance's Lark syntax (a `start:`"
+        " rule or `%llguidance`), or else GBNF (vLLM's field)",
     )
     # Choosing between branches (README, "Choosing between branches").
     banned_strings: list[str] | None = Field(
