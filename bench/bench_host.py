@@ -80,10 +80,12 @@ def request_params(model: Model, body: Body, tokens: int) -> Any:
     return native_params(parsed, model, N_CTX, 32)
 
 
-def run(model: Model, ctx: FreeDecode, body: Body, n: int, tokens: int, seed: int) -> tuple[float, int, int]:
+def run(
+    model: Model, ctx: FreeDecode, body: Body, n: int, tokens: int, seed: int
+) -> tuple[float, int, int]:
     """One request alone, stepped to its end: (seconds, steps, branch-tokens sampled)."""
     budget = KvBudget(ROWS, N_CTX, cache_paths=8, cache_cells=0)
-    engine = Engine(model, ctx, budget, tokens_per_call=0)  # type: ignore[arg-type]
+    engine = Engine(model, ctx, budget, tokens_per_call=0)
     params = request_params(model, {**body, "seed": seed}, tokens)
     prompt = model.tokenize(STORY)[:32]
     engine.add(build_request(model, f"bench-{n}-{seed}", prompt, params, n))
