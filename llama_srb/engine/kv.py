@@ -264,6 +264,10 @@ class KvBudget:
         self._last_match = (request, self.cache.generation, path, shared)
         return path, shared
 
+    def cells_to_reserve(self, request: Request) -> int:
+        """The cells admitting the request now would reserve: all but what it forks."""
+        return request.cells_needed - self.match(request)[1]
+
     def can_admit(self, request: Request) -> bool:
         source, shared = self.match(request)
         evictable = sum(1 for p in self.cache.paths if not p.pins and p is not source)
