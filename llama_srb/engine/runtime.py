@@ -41,6 +41,7 @@ class Runtime:
         self._flights: dict[str, Flight] = {}
         self._event_loop: asyncio.AbstractEventLoop | None = None  # the readers' event loop
         self.closing = False  # draining for shutdown: new requests are refused
+        self._hurry = False  # end the drain now (a second signal)
         self.died: str | None = None  # why the engine thread ended unasked, once it has
 
     def start(self) -> None:
@@ -52,23 +53,37 @@ class Runtime:
         """Submitted requests not admitted yet: the queue that --max-queue bounds."""
         return sum(f.request.status is RequestStatus.WAITING for f in list(self._flights.values()))
 
+    def waiting_of(self, client: str) -> int:
+        """Those of one client: what --client-max-queue bounds."""
+        return sum(
+            f.request.client == client and f.request.status is RequestStatus.WAITING
+            for f in list(self._flights.values())
+        )
+
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give those in flight `grace` seconds, then end the rest."""
         self.closing = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        while self._flights and loop.time() < deadline:
+        while self._flights and loop.time() < deadline and not self._hurry:
             await asyncio.sleep(0.05)
         for flight in list(self._flights.values()):
             self._interrupt(flight, f"the server shut down (grace period of {grace:g} s over)")
 
-    def stop(self) -> None:
-        """Fail whatever is still in flight (see `drain`) and join the engine thread."""
+    def hurry(self) -> None:
+        """End the grace period now."""
+        self._hurry = True
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Fail whatever is still in flight (see `drain`) and join the engine thread;
+        False if it did not end within `timeout` seconds (stuck in a native call)."""
         self._call(lambda: self.engine.fail_all("the server is shutting down"))
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     def abort(self, request_id: str) -> None:
         self._call(lambda: self.engine.abort(request_id))

@@ -93,7 +93,9 @@ class Reserve:
     def is_small(self, request: Request, cells: int) -> bool:
         """Whether a request that would reserve `cells` may use the reserve."""
         rules = self.rules
-        return self.enabled and request.n <= rules.reserve_sequences and cells <= rules.reserve_cells
+        return (
+            self.enabled and request.n <= rules.reserve_sequences and cells <= rules.reserve_cells
+        )
 
     def fits_large(self, request: Request, cells: int) -> bool:
         """Whether a large request fits beside the large ones running, leaving the reserve."""

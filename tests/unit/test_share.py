@@ -196,7 +196,9 @@ def test_a_light_clients_first_token_comes_within_two_steps_beside_a_heavy_clien
     )
     outputs = Outputs()
     prompt = FakeModel.tokens("onceuponatime")
-    heavy = [make_request(f"heavy{i}", prompt, n=4, client="heavy", max_tokens=200) for i in range(3)]
+    heavy = [
+        make_request(f"heavy{i}", prompt, n=4, client="heavy", max_tokens=200) for i in range(3)
+    ]
     for request in heavy:
         engine.add(request)
     for _ in range(5):
