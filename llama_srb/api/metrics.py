@@ -164,6 +164,11 @@ class WatchdogCollector(Collector):
             value=watchdog.age(),
         )
         yield GaugeMetricFamily(
+            "llama_srb_engine_longest_step_seconds",
+            "The longest engine step so far (its llama_decode calls and sampling)",
+            value=watchdog.watch.longest,
+        )
+        yield GaugeMetricFamily(
             "llama_srb_engine_stuck",
             "1 while the step in progress has run past --stuck-after",
             value=float(watchdog.stuck() is not None),

@@ -32,6 +32,7 @@ class StepWatch:
 
     def __init__(self) -> None:
         self.current: Step | None = None
+        self.longest = 0.0  # seconds: the longest step so far, to set the bound against
 
     def begin(self, request_ids: Iterable[str]) -> None:
         self.current = Step(time.monotonic(), tuple(request_ids))
@@ -40,6 +41,7 @@ class StepWatch:
         step, self.current = self.current, None
         if step is not None:
             step.ended = time.monotonic()
+            self.longest = max(self.longest, step.ended - step.started)
 
 
 class Watchdog:
