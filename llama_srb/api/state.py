@@ -122,6 +122,7 @@ class AppState:
 
     async def close(self) -> None:
         if self.loaded is not None:
-            await self.drain()  # a no-op when the server already drained on SIGTERM
+            if not self.draining:  # drained already on SIGTERM: not a second grace period
+                await self.drain()
             self.stuck_at_exit = not await asyncio.to_thread(self.loaded.close)
         self.workers.close()

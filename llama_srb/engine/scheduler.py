@@ -45,7 +45,7 @@ class StepPlan:
     decode: list[tuple[Request, Sequence]] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)  # left the queue this step
-    # Why the request at the head of the queue still waits: "sequences", "cells" or None.
+    # Why the request whose turn it was still waits: "sequences", "cells" or None.
     blocked: str | None = None
 
     @property
@@ -104,7 +104,7 @@ class Scheduler:
         large = budget.max_live - self.share.reserve_sequences
         self.reserve = Reserve(self.share, large, budget.n_cells)
         self.waiting = FairQueue()
-        self.running: list[Request] = []  # admitted: prefilling or decoding, arrival order
+        self.running: list[Request] = []  # admitted: prefilling or decoding, in that order
 
     def add(self, request: Request) -> None:
         self.waiting.add(request)
