@@ -117,7 +117,8 @@ class EngineCollector(Collector):
         )
         short = CounterMetricFamily(
             "llama_srb_admission_short_steps",
-            "Steps in which the request at the head of the queue waited, by what it lacked",
+            "Steps in which the request whose turn it was waited, by what it lacked"
+            " (sequences: the server's or its client's share)",
             labels=["lacking"],
         )
         short.add_metric(["sequences"], stats.steps_short_of_sequences)

@@ -45,7 +45,8 @@ class StepPlan:
     decode: list[tuple[Request, Sequence]] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)  # left the queue this step
-    # Why the request whose turn it was still waits: "sequences", "cells" or None.
+    # Why the request whose turn it was still waits: "sequences" (the server's, or its
+    # client's share of them), "cells" or None.
     blocked: str | None = None
 
     @property
@@ -186,6 +187,7 @@ class Scheduler:
             cap = self.share.client_sequences
             if cap and held[request.client] + request.n > cap:
                 passed.add(request.client)  # it holds its share: its own requests end first
+                plan.blocked = plan.blocked or "sequences"
                 continue
             cells = self.budget.cells_to_reserve(request)
             small = self.reserve.is_small(request, cells)

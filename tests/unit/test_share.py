@@ -162,6 +162,7 @@ def test_a_client_at_its_cap_waits_for_its_own_requests_and_others_go_on() -> No
     for request in (first, make("a2", "a", n=2), make("b1", "b", n=2)):
         s.add(request)
     assert admitted(s) == ["a1", "b1"]  # a2 would give `a` 5 sequences
+    assert s.schedule().blocked == "sequences"  # its client's share of them
     end(s, first)
     assert admitted(s) == ["a2"]
 
