@@ -6,6 +6,7 @@ generated from these declarations, so they cannot drift apart.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -284,6 +285,18 @@ class Settings(BaseSettings):
     def _split_commas_as_strings(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_addresses(cls, value: list[str] | None) -> list[str] | None:
+        for proxy in value or []:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {proxy!r} is not an IP address or CIDR range"
+                ) from None
         return value
 
     def cache_cells_for(self, n_ctx: int) -> int:

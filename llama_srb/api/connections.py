@@ -148,7 +148,8 @@ class LimitedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # arms uvicorn's keep-alive (idle) timer
-        if not self.transport.is_closing():
+        serving = self.cycle is not None and not self.cycle.response_complete  # pipelined
+        if not serving and not self.transport.is_closing():
             self._await_request()
 
     def timeout_keep_alive_handler(self) -> None:

@@ -98,3 +98,10 @@ def test_route_labels_match_templates_not_raw_paths() -> None:
     assert not route_pattern("/v1/models/{model}").match("/v1/models/a/b")
     assert route_pattern("/v1/completions").match("/v1/completions")
     assert not route_pattern("/v1/completions").match("/v1/completionsX")
+
+
+def test_trusted_proxies_are_addresses_or_ranges() -> None:
+    proxies = Settings(trusted_proxies="127.0.0.1, 10.0.0.0/8,::1").trusted_proxies
+    assert proxies == ["127.0.0.1", "10.0.0.0/8", "::1"]
+    with pytest.raises(ValidationError, match="not an IP address"):
+        Settings(trusted_proxies="nginx.local")
