@@ -307,9 +307,10 @@ class Settings(BaseSettings):
         return min(self.cache_cells, n_ctx)
 
     def reserve_cells_for(self, n_ctx: int) -> int:
-        if self.reserve_cells is None:
-            return n_ctx // 8 if self.reserve_sequences else 0
-        return min(self.reserve_cells, n_ctx)
+        """--reserve-cells, or its default; none without reserve sequences to use them."""
+        if not self.reserve_sequences:
+            return 0
+        return n_ctx // 8 if self.reserve_cells is None else min(self.reserve_cells, n_ctx)
 
     @property
     def client_queue(self) -> int:
