@@ -31,6 +31,7 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
 
 # Other spellings of a flag: `--n` is what the tool this server replaces called --max-n.
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {"max_n": ("--n",)}
+REPEATABLE = {"api_key"}  # flags given once per value
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +56,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
             dest=name,
             type=kind,
             choices=choices,
+            action="append" if name in REPEATABLE else "store",
             default=None,  # unset flags leave the environment and the declared default in charge
             help=f"{info.description} [env {env}; default {default}]",
         )
@@ -104,6 +106,7 @@ def serve_forever(settings: Settings, log_level: str) -> None:
     import uvicorn
 
     from llama_srb.api.app import create_app
+    from llama_srb.api.connections import limited_protocol
     from llama_srb.api.shutdown import serve
     from llama_srb.rpc import RpcUnavailable, check_reachable
 
@@ -117,8 +120,19 @@ def serve_forever(settings: Settings, log_level: str) -> None:
         except RpcUnavailable as exc:
             sys.exit(f"llama-srb: {exc}")
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level)
-    serve(config, app.state.srb)  # graceful on SIGTERM: see api/shutdown.py
+    state = app.state.srb
+    trusted = settings.trusted_proxies or []
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level,
+        http=limited_protocol(state.connections),  # header timeout, connection caps
+        timeout_keep_alive=settings.idle_timeout,  # type: ignore[arg-type]  # float works
+        proxy_headers=bool(trusted),  # uvicorn would trust loopback's X-Forwarded-For
+        forwarded_allow_ips=trusted,
+    )
+    serve(config, state)  # graceful on SIGTERM: see api/shutdown.py
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ generated from these declarations, so they cannot drift apart.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -37,6 +39,27 @@ def fit_n_ctx(n_ctx_train: int, bytes_per_cell: int, available: int | None) -> t
         f"lowered from the model's training context ({train}, {kv}) to fit in"
         f" {available / GiB:.1f} GiB of available memory{floor}; --n-ctx sets it"
     )
+
+
+# A key's name: short and plain, as it labels metrics and log lines.
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
+
+
+class ApiKey(NamedTuple):
+    key: str
+    name: str | None  # who holds it: the unit of fair share when there are several keys
+
+
+def parse_key(spec: str) -> ApiKey:
+    """`key`, or `name: key` (a colon and a space after a plain name). A key that itself
+    holds `: ` must be given with a name; names need not be unique (one writer, two keys)."""
+    head, sep, rest = spec.partition(":")
+    if sep and rest[:1].isspace() and KEY_NAME.fullmatch(head.strip()):
+        key = rest.strip()
+        if not key:
+            raise ValueError(f"the API key named {head.strip()!r} is empty")
+        return ApiKey(key, head.strip())
+    return ApiKey(spec.strip(), None)
 
 
 class SplitMode(StrEnum):
@@ -77,7 +100,11 @@ class Settings(BaseSettings):
         " model's training context, lowered to fit in memory)",
     )
     max_sequences: int = Field(
-        128, ge=1, le=256, description="sequences decoded at once, across all requests"
+        128,
+        ge=1,
+        le=256,
+        description="sequences decoded at once by large requests, across all of them (small"
+        " requests may add --reserve-sequences more)",
     )
     cache_cells: int | None = Field(
         None,
@@ -90,7 +117,8 @@ class Settings(BaseSettings):
         ge=1,
         le=255,
         description="finished sequences the prefix cache may keep while --max-sequences run"
-        " (more while fewer run); max-sequences + cache-paths is at most 256",
+        " (more while fewer run); max-sequences + reserve-sequences + cache-paths is at most"
+        " 256",
     )
     max_n: int = Field(64, ge=1, le=256, description="largest `n` a request may ask for")
     n_batch: int = Field(
@@ -138,12 +166,21 @@ class Settings(BaseSettings):
         description="repack CPU weights for AMX/AVX-512 kernels (crashes where AMX is not enabled)",
     )
     flash_attn: FlashAttn = Field(FlashAttn.auto, description="flash attention")
-    api_key: str | None = Field(
-        None, description="require `Authorization: Bearer <key>` on /v1/* routes"
+    api_key: list[str] | None = Field(
+        None,
+        description="require `Authorization: Bearer <key>` on /v1/* routes; `name: key` names"
+        " the key's writer (in the log, the metrics and fair share); repeat for more keys",
     )
     api_key_file: Path | None = Field(
         None,
-        description="file of accepted API keys, one per line (# comments); adds to --api-key",
+        description="file of accepted API keys, one per line as `key` or `name: key`"
+        " (# comments); adds to --api-key",
+    )
+    trusted_proxies: list[str] | None = Field(
+        None,
+        description="addresses or CIDR ranges of reverse proxies whose X-Forwarded-For and"
+        " X-Forwarded-Proto are believed, comma-separated (default: none, the connection's"
+        " own address is the client's)",
     )
     # NoDecode: the environment gives a comma list, as the flag does, not JSON
     cors_origins: Annotated[list[str], NoDecode] = Field(
@@ -162,6 +199,35 @@ class Settings(BaseSettings):
         le=100_000,
         description="requests that may wait for admission; beyond that, 429 with Retry-After",
     )
+    client_max_queue: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="requests one client (API key name, X-Session-Id, else address) may have"
+        " waiting, a prompt list's prompts included; beyond that, 429 for that client"
+        " (default: half of --max-queue, at least 1)",
+    )
+    client_max_sequences: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="live sequences one client may hold; its further requests wait for its"
+        " own to end (default: half of --max-sequences, at least --max-n)",
+    )
+    reserve_sequences: int = Field(
+        8,
+        ge=0,
+        le=128,
+        description="sequences kept for small requests (n at most this, within"
+        " --reserve-cells), beyond --max-sequences, so that one always starts within a step"
+        " or two however busy the server is (0: no reserve)",
+    )
+    reserve_cells: int | None = Field(
+        None,
+        ge=0,
+        description="KV cells large requests leave free for small ones (default: an eighth"
+        " of the context)",
+    )
     request_timeout: float = Field(
         600,
         ge=0,
@@ -173,7 +239,40 @@ class Settings(BaseSettings):
         30,
         ge=0,
         le=3600,
-        description="on SIGTERM, seconds running requests get to finish before they are ended",
+        description="on SIGTERM, seconds running requests get to finish before they are ended"
+        " (/health answers 503 `draining` meanwhile)",
+    )
+    stuck_after: float = Field(
+        120,
+        ge=0,
+        le=86_400,
+        description="seconds one engine step may run before the server reports itself stuck:"
+        " /health answers 503, new generations are refused, the log names the step's"
+        " requests (0: never)",
+    )
+    header_timeout: float = Field(
+        20,
+        ge=0,
+        le=3600,
+        description="seconds a connection has to send a request's headers, once it waits for"
+        " one (0: no limit)",
+    )
+    idle_timeout: float = Field(
+        75,
+        gt=0,
+        le=3600,
+        description="seconds a keep-alive connection may stay idle between requests (above"
+        " the 60 s nginx keeps idle upstream connections)",
+    )
+    max_connections: int = Field(
+        1000, ge=1, le=1_000_000, description="open HTTP connections, in total"
+    )
+    max_connections_per_client: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="open HTTP connections from one address (--trusted-proxies: counted in the"
+        " total only)",
     )
     log_prompts: bool = Field(False, description="include prompt text in the request log")
 
@@ -184,11 +283,23 @@ class Settings(BaseSettings):
             return [float(part) for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("cors_origins", "rpc", mode="before")
+    @field_validator("cors_origins", "rpc", "trusted_proxies", mode="before")
     @classmethod
     def _split_commas_as_strings(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies_are_addresses(cls, value: list[str] | None) -> list[str] | None:
+        for proxy in value or []:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"trusted_proxies: {proxy!r} is not an IP address or CIDR range"
+                ) from None
         return value
 
     def cache_cells_for(self, n_ctx: int) -> int:
@@ -198,6 +309,22 @@ class Settings(BaseSettings):
             return n_ctx
         return min(self.cache_cells, n_ctx)
 
+    def reserve_cells_for(self, n_ctx: int) -> int:
+        """--reserve-cells, or its default; none without reserve sequences to use them."""
+        if not self.reserve_sequences:
+            return 0
+        return n_ctx // 8 if self.reserve_cells is None else min(self.reserve_cells, n_ctx)
+
+    @property
+    def client_queue(self) -> int:
+        """--client-max-queue, or its default."""
+        return self.client_max_queue or max(1, self.max_queue // 2)
+
+    @property
+    def client_sequences(self) -> int:
+        """--client-max-sequences, or its default."""
+        return self.client_max_sequences or max(self.max_n, self.max_sequences // 2)
+
     @model_validator(mode="after")
     def _max_n_fits(self) -> Settings:
         if self.max_n > self.max_sequences:
@@ -205,8 +332,16 @@ class Settings(BaseSettings):
                 f"max_n ({self.max_n}) cannot exceed max_sequences ({self.max_sequences}):"
                 " a request's n sequences must all be live at once"
             )
-        if self.max_sequences + self.cache_paths > 256:
-            raise ValueError("max_sequences + cache_paths must be at most 256 (llama.cpp's limit)")
+        if self.client_sequences < self.max_n:
+            raise ValueError(
+                f"client_max_sequences ({self.client_sequences}) cannot be below max_n"
+                f" ({self.max_n}): a client's request of n sequences must be able to run"
+            )
+        if self.max_sequences + self.reserve_sequences + self.cache_paths > 256:
+            raise ValueError(
+                "max_sequences + reserve_sequences + cache_paths must be at most 256"
+                " (llama.cpp's limit)"
+            )
         return self
 
     @field_validator("model")
@@ -217,12 +352,19 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is neither a bundled model ({names}) nor a file")
         return value
 
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _one_key_is_a_list(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
     @field_validator("api_key")
     @classmethod
-    def _key_not_blank(cls, value: str | None) -> str | None:
+    def _keys_valid(cls, value: list[str] | None) -> list[str] | None:
         # LLAMA_SRB_API_KEY="" must not quietly mean "no auth": fail at startup instead.
-        if value is not None and not value.strip():
-            raise ValueError("api_key is empty: set a key, or unset the option for no auth")
+        for spec in value or []:
+            if not spec.strip():
+                raise ValueError("api_key is empty: set a key, or unset the option for no auth")
+            parse_key(spec)
         return value
 
     @model_validator(mode="after")
@@ -238,13 +380,13 @@ class Settings(BaseSettings):
         return self
 
     @staticmethod
-    def _keys_in_file(path: Path) -> list[str]:
+    def _keys_in_file(path: Path) -> list[ApiKey]:
         lines = (line.strip() for line in path.read_text().splitlines())
-        return [line for line in lines if line and not line.startswith("#")]
+        return [parse_key(line) for line in lines if line and not line.startswith("#")]
 
-    def api_keys(self) -> list[str]:
+    def api_keys(self) -> list[ApiKey]:
         """Every accepted API key (--api-key and the lines of --api-key-file); [] means open."""
-        keys = [self.api_key] if self.api_key else []
+        keys = [parse_key(spec) for spec in self.api_key or []]
         if self.api_key_file is not None:
             keys += self._keys_in_file(self.api_key_file)
         return keys

@@ -17,6 +17,7 @@ from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, Settings, SplitMode, fit
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.runtime import Runtime
+from llama_srb.engine.share import ShareRules
 from llama_srb.native import (
     Context,
     ContextOptions,
@@ -30,6 +31,9 @@ from llama_srb.rpc import add_rpc_servers
 log = logging.getLogger(__name__)
 
 CPU_TOKENS_PER_CALL = 63  # below llama.cpp's CPU flash-attention tile (GGML_FA_TILE_Q, 64)
+# At shutdown, how long the engine thread gets to end its step; one stuck in a native call
+# never will, and the process exits without it (api/shutdown.py).
+STOP_WAIT_S = 2.0
 
 _SPLIT = {
     SplitMode.none: C.LLAMA_SPLIT_MODE_NONE,
@@ -56,11 +60,20 @@ class LoadedEngine:
     def n_ctx(self) -> int:
         return self.context.n_ctx
 
-    def close(self) -> None:
-        self.runtime.stop()
+    def close(self) -> bool:
+        """Stop the engine thread and free the native objects; False if the thread is stuck
+        in a step: then they are left to the process's exit, as it still uses them."""
+        if not self.runtime.stop(STOP_WAIT_S):
+            step = self.engine.watch.current
+            ids = ", ".join(step.request_ids) if step is not None else "(none)"
+            log.critical(
+                "the engine thread is stuck in a step (requests %s): exiting without it", ids
+            )
+            return False
         self.engine.close()
         self.context.close()
         self.model.close()
+        return True
 
 
 def model_options(settings: Settings) -> ModelOptions:
@@ -85,11 +98,20 @@ def tokens_per_call(settings: Settings) -> int:
 
 
 def kv_budget(settings: Settings, n_ctx: int) -> KvBudget:
+    """The reserve's sequences come on top of --max-sequences (engine/share.py)."""
     return KvBudget(
-        settings.max_sequences,
+        settings.max_sequences + settings.reserve_sequences,
         n_ctx,
         cache_paths=settings.cache_paths,
         cache_cells=settings.cache_cells_for(n_ctx),
+    )
+
+
+def share_rules(settings: Settings, n_ctx: int) -> ShareRules:
+    return ShareRules(
+        client_sequences=settings.client_sequences,
+        reserve_sequences=settings.reserve_sequences,
+        reserve_cells=settings.reserve_cells_for(n_ctx),
     )
 
 
@@ -168,6 +190,7 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
         kv_budget(settings, context.n_ctx),
         settings.step_budget,
         tokens_per_call(settings),
+        share_rules(settings, context.n_ctx),
     )
     runtime = Runtime(engine, on_death)
     runtime.start()

@@ -7,6 +7,7 @@ the runtime. No module-level state: everything lives on `app.state.srb`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llama_srb.api.errors import install_error_handlers
-from llama_srb.api.metrics import EngineCollector
+from llama_srb.api.metrics import ConnectionsCollector, EngineCollector, WatchdogCollector
 from llama_srb.api.middleware import install_middleware
 from llama_srb.api.routes.chat import chat_router
 from llama_srb.api.routes.completions import completions_router
@@ -54,7 +55,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     # Without a key a client reaches only these: the probe, the scrape and the UI's files.
     open_paths = {"/health", "/metrics", "/", *(f"/{f.name}" for f in WEB_DIR.iterdir())}
-    install_middleware(app, settings, state.metrics, open_paths)
+    install_middleware(app, state, open_paths)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -63,6 +64,14 @@ def create_app(settings: Settings) -> FastAPI:
         if state.loaded is None:
             status = "error" if state.load_error else "loading"
             return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
+        step = state.stuck()
+        if step is not None:  # a liveness probe restarts the replica
+            error = (
+                f"the engine has been in one step for {time.monotonic() - step.started:.0f} s"
+                f" (over --stuck-after {settings.stuck_after:g} s)"
+            )
+            body = {"status": "stuck", "error": error, "requests": list(step.request_ids)}
+            return JSONResponse(body, status_code=503)
         if state.draining:  # tell load balancers to stop sending work here
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok", "model": settings.model_name})
@@ -71,6 +80,8 @@ def create_app(settings: Settings) -> FastAPI:
     registry.register(
         EngineCollector(lambda: state.loaded.engine.snapshot if state.loaded else None)
     )
+    registry.register(WatchdogCollector(lambda: state.watchdog))
+    registry.register(ConnectionsCollector(state.connections))
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -1,7 +1,9 @@
 """API keys: `Authorization: Bearer <key>` on everything but /health, /metrics and the UI.
 
 Checked in ASGI middleware, before a byte of the body is read or parsed: a client without
-a key learns nothing but that it needs one (not whether its JSON was valid).
+a key learns nothing but that it needs one (not whether its JSON was valid). The matched
+key's label (its name, else `key-<position>`) goes into the request's scope for the
+request log, the metrics and fair share (api/clients.py); the key itself never does.
 """
 
 from __future__ import annotations
@@ -16,30 +18,44 @@ from llama_srb.api.errors import body_for
 from llama_srb.config import Settings
 
 _UNAUTHORIZED = "missing or wrong API key: send `Authorization: Bearer <key>`"
+KEY_LABEL = "llama_srb_key"  # the scope["state"] entry that holds the matched key's label
 
 
 class ApiKeys:
     """The accepted keys (--api-key and --api-key-file), read once at startup."""
 
     def __init__(self, settings: Settings) -> None:
-        self._keys = [key.encode() for key in settings.api_keys()]
+        keys = settings.api_keys()
+        self._keys = [k.key.encode() for k in keys]
+        self.labels = [k.name or f"key-{i}" for i, k in enumerate(keys, 1)]
 
     @property
     def required(self) -> bool:
         return bool(self._keys)
 
-    def accepts(self, supplied: bytes) -> bool:
+    @property
+    def several(self) -> bool:
+        """Whether keys tell writers apart (then a key's label is its client)."""
+        return len(set(self.labels)) > 1
+
+    def label(self, supplied: bytes) -> str | None:
+        """The label of the key supplied, or None if it is not one of ours."""
         # Compare with every key, in constant time each, and never stop early: the time
         # taken says nothing about how much of which key matched.
-        matched = False
-        for key in self._keys:
-            matched |= secrets.compare_digest(supplied, key)
-        return matched
+        matched = -1
+        for index, key in enumerate(self._keys):
+            if secrets.compare_digest(supplied, key):
+                matched = index
+        return self.labels[matched] if matched >= 0 else None
 
-    def authorized(self, scope: Scope) -> bool:
+    def accepts(self, supplied: bytes) -> bool:
+        return self.label(supplied) is not None
+
+    def identify(self, scope: Scope) -> str | None:
+        """The label of the request's bearer key, if it is one of ours."""
         header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and self.accepts(token.strip())
+        return self.label(token.strip()) if scheme.lower() == b"bearer" else None
 
 
 class RequireKey:
@@ -51,11 +67,13 @@ class RequireKey:
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["path"] in self.open_paths
-            or self.keys.authorized(scope)
-        ):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        label = self.keys.identify(scope)
+        if label is not None:
+            scope.setdefault("state", {})[KEY_LABEL] = label
+        if label is not None or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         body = json.dumps(

@@ -14,8 +14,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from llama_srb.api.connections import CUT_REASONS, OpenConnections
 from llama_srb.engine.engine import EngineSnapshot
 from llama_srb.engine.histogram import Histogram as EngineHistogram
+from llama_srb.engine.watch import Watchdog
 
 # Seconds from arrival to the first token, queueing and prefill included.
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -50,6 +52,19 @@ class ServerMetrics:
             "Generation requests by how they ended"
             " (completed, error, timeout, shutdown, cancelled)",
             ["outcome"],
+            registry=self.registry,
+        )
+        # Labelled by the configured keys' names (key-<n> for one without): a bounded set.
+        self.key_requests = Counter(
+            "llama_srb_key_requests",
+            "Generation requests by API key name and how they ended",
+            ["key", "outcome"],
+            registry=self.registry,
+        )
+        self.key_tokens = Counter(
+            "llama_srb_key_generated_tokens",
+            "Tokens generated for each API key name",
+            ["key"],
             registry=self.registry,
         )
 
@@ -108,7 +123,8 @@ class EngineCollector(Collector):
         )
         short = CounterMetricFamily(
             "llama_srb_admission_short_steps",
-            "Steps in which the request at the head of the queue waited, by what it lacked",
+            "Steps in which the request whose turn it was waited, by what it lacked"
+            " (sequences: the server's or its client's share)",
             labels=["lacking"],
         )
         short.add_metric(["sequences"], stats.steps_short_of_sequences)
@@ -141,3 +157,56 @@ class EngineCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(name, doc, value=value)
+
+
+class WatchdogCollector(Collector):
+    """The engine step in progress: its age and the steps that ran past --stuck-after."""
+
+    def __init__(self, watchdog: Callable[[], Watchdog | None]) -> None:
+        self._watchdog = watchdog
+
+    def collect(self) -> Iterator[Metric]:
+        watchdog = self._watchdog()
+        if watchdog is None:
+            return
+        yield GaugeMetricFamily(
+            "llama_srb_engine_step_age_seconds",
+            "How long the engine's step in progress has run (0 between steps)",
+            value=watchdog.age(),
+        )
+        yield GaugeMetricFamily(
+            "llama_srb_engine_longest_step_seconds",
+            "The longest engine step so far (its llama_decode calls and sampling)",
+            value=watchdog.watch.longest,
+        )
+        yield GaugeMetricFamily(
+            "llama_srb_engine_stuck",
+            "1 while the step in progress has run past --stuck-after",
+            value=float(watchdog.stuck() is not None),
+        )
+        yield CounterMetricFamily(
+            "llama_srb_engine_stuck_steps",
+            "Engine steps that ran past --stuck-after",
+            value=watchdog.episodes,
+        )
+
+
+class ConnectionsCollector(Collector):
+    """Open HTTP connections and those the server cut (api/connections.py)."""
+
+    def __init__(self, connections: OpenConnections) -> None:
+        self._connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        connections = self._connections
+        yield GaugeMetricFamily(
+            "llama_srb_connections_open", "Open HTTP connections", value=connections.total
+        )
+        cut = CounterMetricFamily(
+            "llama_srb_connections_cut",
+            "Connections closed by the server's limits, by reason",
+            labels=["reason"],
+        )
+        for reason in CUT_REASONS:
+            cut.add_metric([reason], connections.cut[reason])
+        yield cut

@@ -1,5 +1,5 @@
-"""ASGI middleware: request counting by route and status, API keys, body size limit, and
-which pages may call the API (api/origins.py).
+"""ASGI middleware: request counting by route and status, API keys, body size limit,
+which pages may call the API (api/origins.py), security headers.
 
 Pure ASGI (no BaseHTTPMiddleware), so streaming responses and client disconnects pass
 through untouched.
@@ -16,29 +16,62 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from llama_srb.api.auth import ApiKeys, RequireKey
+from llama_srb.api.auth import RequireKey
 from llama_srb.api.errors import error_body
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.origins import OriginGate, OriginPolicy
-from llama_srb.config import Settings
+from llama_srb.api.state import AppState
+
+# The UI is static files of its own origin: scripts, styles and calls only from there, no
+# inline code, never inside another site's frame. The favicon is a `data:` URL.
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+        b" connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self';"
+        b" frame-ancestors 'none'",
+    ),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
-def install_middleware(
-    app: FastAPI, settings: Settings, metrics: ServerMetrics, open_paths: Collection[str]
-) -> None:
+def install_middleware(app: FastAPI, state: AppState, open_paths: Collection[str]) -> None:
     """Added innermost first; counting is outermost, so 401s, 413s and preflights are
     counted; the origin gate wraps the key check, so browsers see its 401s and preflights
     (which carry no key) pass."""
+    settings, metrics = state.settings, state.metrics
     app.add_exception_handler(BodyTooLarge, _body_too_large)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    keys = ApiKeys(settings)
-    if keys.required:
-        app.add_middleware(RequireKey, keys=keys, open_paths=open_paths)
-    policy = OriginPolicy.of(settings.cors_origins, keyed=keys.required)
+    if state.keys.required:
+        app.add_middleware(RequireKey, keys=state.keys, open_paths=open_paths)
+    policy = OriginPolicy.of(settings.cors_origins, keyed=state.keys.required)
     app.add_middleware(OriginGate, policy=policy, open_paths=open_paths)
+    app.add_middleware(SecurityHeaders)
     app.add_middleware(
         CountRequests, metrics=metrics, templates=lambda: list(app.openapi()["paths"])
     )
+
+
+class SecurityHeaders:
+    """SECURITY_HEADERS on every response (they matter for the UI's pages; on the API's
+    JSON they cost nothing)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
 
 
 class BodyTooLarge(HTTPException):

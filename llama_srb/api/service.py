@@ -3,13 +3,14 @@ anything is built (input/params.py builds the engine requests), then `submit`: t
 requests submitted and their outputs as one stream, each request logged once it ends; a
 disconnect aborts them.
 
-Refusals come before anything is built, so they cost nothing: a full queue (429) or a
-shutdown (503). Admission itself (live sequences, KV cells, strict arrival order) is the
-scheduler's business; this only bounds how many accepted requests may wait for it.
+Refusals come before anything is built, so they cost nothing: a full queue, the server's
+or the client's own (429), a shutdown or a stuck engine (503). Admission itself (live
+sequences, KV cells, fair share between clients) is the scheduler's business; this only
+bounds how many accepted requests may wait for it, in all and per client.
 
-The log line is JSON (easy to grep and to ship): id, n, prompt/cached/generated tokens,
-time to first token, total time, finish reasons and outcome; the prompt's text only with
---log-prompts, as prompts are users' writing.
+The log line is JSON (easy to grep and to ship): id, client, key name, n,
+prompt/cached/generated tokens, time to first token, total time, finish reasons and
+outcome; the prompt's text only with --log-prompts, as prompts are users' writing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Protocol, TypeVar
 
 from fastapi import Request
 
+from llama_srb.api.clients import Caller
 from llama_srb.api.errors import APIError
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.schemas.sampling import SamplingFields
@@ -43,31 +45,56 @@ log = logging.getLogger("llama_srb.requests")
 RETRY_AFTER_S = 1
 
 
-def _refuse_if_full(runtime: Runtime, max_queue: int, incoming: int = 1) -> None:
-    """`incoming`: the engine requests this call will submit (one per prompt of a list)."""
+def _refuse_if_full(
+    runtime: Runtime, max_queue: int, client_max_queue: int, client: str, incoming: int = 1
+) -> None:
+    """`incoming`: the engine requests this call will submit (one per prompt of a list);
+    they count against the client's own share of the queue as well as the server's."""
     if runtime.closing:
         raise APIError(503, "the server is shutting down", code="server_shutting_down")
-    if incoming > max_queue:
+    if incoming > client_max_queue:
         raise APIError(
             400,
-            f"this request carries {incoming} prompts, but at most {max_queue} requests may"
-            " wait on this server (--max-queue): send fewer prompts per request",
+            f"this request carries {incoming} prompts, but at most {client_max_queue} requests"
+            " of one client may wait on this server (--client-max-queue, --max-queue): send"
+            " fewer prompts per request",
             param="prompt",
         )
+    mine = runtime.waiting_of(client)
+    if mine + incoming > client_max_queue:
+        _queue_full(f"{mine} of your requests are already waiting (limit {client_max_queue})")
     waiting = runtime.waiting
     if waiting + incoming > max_queue:
+        _queue_full(f"{waiting} requests are already waiting (queue limit {max_queue})")
+
+
+def _queue_full(why: str) -> None:
+    raise APIError(
+        429,
+        f"the server is busy: {why}; retry after {RETRY_AFTER_S} s",
+        code="queue_full",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def _refuse_if_stuck(state: AppState) -> None:
+    step = state.stuck()
+    if step is not None:
         raise APIError(
-            429,
-            f"the server is busy: {waiting} requests are already waiting (queue limit"
-            f" {max_queue}); retry after {RETRY_AFTER_S} s",
-            code="queue_full",
+            503,
+            f"the engine has been in one step for over {state.settings.stuck_after:g} s"
+            " (--stuck-after); new requests would only wait behind it",
+            code="engine_stuck",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
 
-def check_request(state: AppState, body: SamplingFields, n_prompts: int) -> LoadedEngine:
+def check_request(
+    state: AppState, body: SamplingFields, n_prompts: int, caller: Caller
+) -> LoadedEngine:
     """The cheap checks, on the event loop before anything is built: the model name, `n`,
-    and room in the queue for all `n_prompts` prompts of the request at once."""
+    and room in the queue (the server's and the caller's) for all `n_prompts` prompts of
+    the request at once."""
     settings, loaded = state.settings, state.ready()
     if body.model and body.model != settings.model_name:
         raise APIError(
@@ -79,7 +106,9 @@ def check_request(state: AppState, body: SamplingFields, n_prompts: int) -> Load
     if not 1 <= body.n <= settings.max_n:
         raise APIError(400, f"n must be between 1 and {settings.max_n}, got {body.n}", param="n")
     _check_best_of(body, settings.max_n)
-    _refuse_if_full(loaded.runtime, settings.max_queue, n_prompts)  # valid, no room: 429 / 503
+    _refuse_if_stuck(state)
+    queue, client_queue = settings.max_queue, settings.client_queue
+    _refuse_if_full(loaded.runtime, queue, client_queue, caller.client, n_prompts)  # 429 / 503
     return loaded
 
 
@@ -103,15 +132,17 @@ def _check_best_of(body: SamplingFields, max_n: int) -> None:
 
 
 def submit(
-    state: AppState, requests: Sequence[EngineRequest]
+    state: AppState, requests: Sequence[EngineRequest], caller: Caller
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Submit every request of a call now (the queue bound counts them at once): their
-    outputs as one stream, each tagged with its request's position in `requests` and
-    logged on its way (RequestLog)."""
+    """Submit every request of a call now (the queue bound counts them at once), as the
+    caller's: their outputs as one stream, each tagged with its request's position in
+    `requests` and logged on its way (RequestLog)."""
     settings, loaded = state.settings, state.ready()
     timeout = settings.request_timeout or None
+    for request in requests:
+        request.client = caller.client
     generations = [loaded.runtime.generate(request, timeout=timeout) for request in requests]
-    log = RequestLog(state.metrics, loaded.model, settings.log_prompts, requests)
+    log = RequestLog(state.metrics, loaded.model, settings.log_prompts, requests, caller)
     return merge(generations, log)
 
 
@@ -218,12 +249,14 @@ class RequestRecord:
             self.outcome = "error" if output.error else "completed"
             self.error = output.error
 
-    def line(self, prompt_text: str | None) -> str:
+    def line(self, prompt_text: str | None, key: str | None) -> str:
         request = self.request
         first = request.first_token_at
         fields: dict[str, object] = {
             "event": "request",
             "id": request.request_id,
+            "client": request.client,
+            "key": key,
             "outcome": self.outcome,
             "n": request.n,
             "prompt_tokens": request.prompt_len,
@@ -250,11 +283,13 @@ class RequestLog:
         model: Model,
         log_prompts: bool,
         requests: Sequence[EngineRequest],
+        caller: Caller | None = None,
     ) -> None:
         self.metrics = metrics
         self.model = model
         self.log_prompts = log_prompts
         self.records = [RequestRecord(request) for request in requests]
+        self.key = caller.key if caller is not None else None
 
     def observe(self, position: int, output: RequestOutput) -> None:
         record = self.records[position]
@@ -287,5 +322,8 @@ class RequestLog:
         request = record.request
         self.metrics.request_duration.observe(time.monotonic() - request.arrival)
         self.metrics.requests_ended.labels(record.outcome).inc()
+        if self.key is not None:
+            self.metrics.key_requests.labels(self.key, record.outcome).inc()
+            self.metrics.key_tokens.labels(self.key).inc(request.completion_tokens)
         prompt = self.model.text(request.prompt) if self.log_prompts else None
-        log.info("%s", record.line(prompt))
+        log.info("%s", record.line(prompt, self.key))

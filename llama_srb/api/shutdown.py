@@ -1,16 +1,22 @@
-"""Graceful shutdown: on SIGTERM stop accepting, let running requests finish for up to
---shutdown-grace seconds, end the rest with an explicit error, exit 0.
+"""Graceful shutdown: on SIGTERM keep listening but take no new generations (503, and
+/health answers 503 `draining` so load balancers move on), let running requests finish
+for up to --shutdown-grace seconds, end the rest with an explicit error, then close.
 
-uvicorn already closes the listening socket and waits for open responses; what it lacks
-is ending those responses cleanly when the grace period is over (its own timeout just
-cancels them, cutting streams without `[DONE]`) and exiting with status 0 after a
-SIGTERM (it re-raises the signal once done, which kills the process with status 143).
+Exit status: 0 after a clean drain; 1 if the engine thread died, or if it was stuck in a
+native call at the end (it cannot be stopped: the process exits around it, within the
+grace period plus a few seconds).
+
+uvicorn would close the listening socket at once (so the 503 `draining` is never seen),
+cut open responses at its own timeout (streams without `[DONE]`) and re-raise SIGTERM
+once done (status 143); the server below drains first and exits with the status above.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import signal
 import socket
 import sys
@@ -20,13 +26,14 @@ import uvicorn
 
 from llama_srb.api.state import AppState
 
-# uvicorn's own last resort, if a response outlives our grace period regardless.
+# uvicorn's own last resort once drained: open connections get this long to finish.
 BACKSTOP_S = 10.0
+EXIT_FAILED = 1
 
 
 class GracefulServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: AppState) -> None:
-        config.timeout_graceful_shutdown = int(state.settings.shutdown_grace + BACKSTOP_S)
+        config.timeout_graceful_shutdown = int(BACKSTOP_S)
         super().__init__(config)
         self.state = state
 
@@ -35,23 +42,36 @@ class GracefulServer(uvicorn.Server):
         return self.state.engine_failure is not None or await super().on_tick(counter)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # Drain alongside uvicorn's wait for open connections, so that wait ends on time.
+        # Drain while still listening; a second signal (force_exit) ends the grace now.
         drain = asyncio.create_task(self.state.drain())
+        while not drain.done():
+            if self.force_exit:
+                self.state.hurry()
+            await asyncio.wait({drain}, timeout=0.1)
         await super().shutdown(sockets)
-        await drain
 
 
-def _exit_quietly(_signum: int, _frame: FrameType | None) -> None:
-    sys.exit(0)
+def _exit(state: AppState) -> None:
+    if state.stuck_at_exit:
+        # The engine thread is inside a native call that will not return: interpreter
+        # shutdown would wait for it or free what it uses. Leave now, logs flushed.
+        logging.shutdown()
+        os._exit(EXIT_FAILED)
+    if state.engine_failure is not None:
+        sys.exit(f"llama-srb: {state.engine_failure}")
 
 
 def serve(config: uvicorn.Config, state: AppState) -> None:
-    """Run until SIGTERM or SIGINT, shutting down gracefully; returns normally. Exits
-    with an error if the engine thread died."""
+    """Run until SIGTERM or SIGINT, shutting down gracefully; returns normally after a
+    clean drain, else exits with EXIT_FAILED (see the module's docstring)."""
+
+    def after_shutdown(_signum: int, _frame: FrameType | None) -> None:
+        _exit(state)
+        sys.exit(0)
+
     # uvicorn restores the previous handler and re-raises the signal after its graceful
-    # shutdown: make that a clean exit instead of death by signal.
-    signal.signal(signal.SIGTERM, _exit_quietly)
+    # shutdown: make that our exit instead of death by signal.
+    signal.signal(signal.SIGTERM, after_shutdown)
     with contextlib.suppress(KeyboardInterrupt):  # SIGINT is re-raised the same way
         GracefulServer(config, state).run()
-    if state.engine_failure is not None:
-        sys.exit(f"llama-srb: {state.engine_failure}")
+    _exit(state)

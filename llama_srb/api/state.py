@@ -7,16 +7,23 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from fastapi import Request
+
+from llama_srb.api.auth import ApiKeys
+from llama_srb.api.clients import Caller, caller_of
+from llama_srb.api.connections import ConnectionLimits, OpenConnections, networks
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.chat import ServedTemplate, serve_template
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.workers import Workers
 from llama_srb.config import Settings
+from llama_srb.engine.watch import Step, Watchdog
 from llama_srb.loader import LoadedEngine, load_engine
 
 log = logging.getLogger(__name__)
 
 PREPARE_WORKERS = 4  # requests prepared at once; each job is bounded by the request limits
+WATCH_PERIOD_S = 1.0  # how often the watchdog looks, so a stuck step is logged on time
 
 
 @dataclass
@@ -31,6 +38,29 @@ class AppState:
     engine_failure: str | None = None  # the engine thread died: the server must exit
     # Request preparation (tokenize, grammar, sampler chains) runs here, off the loop.
     workers: Workers = field(default_factory=lambda: Workers(PREPARE_WORKERS))
+    keys: ApiKeys = field(init=False)
+    connections: OpenConnections = field(init=False)  # the HTTP server's (api/connections.py)
+    watchdog: Watchdog | None = None  # once loaded: is the engine stuck in a step?
+    # The engine thread was still in a step when the server closed: it must exit now.
+    stuck_at_exit: bool = False
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.keys = ApiKeys(settings)
+        limits = ConnectionLimits(
+            header_timeout=settings.header_timeout,
+            max_connections=settings.max_connections,
+            max_per_address=settings.max_connections_per_client,
+            exempt=networks(settings.trusted_proxies or []),
+        )
+        self.connections = OpenConnections(limits)
+
+    def caller(self, http: Request) -> Caller:
+        return caller_of(http, self.keys)
+
+    def stuck(self) -> Step | None:
+        """The engine's step in progress, if it has run past --stuck-after."""
+        return self.watchdog.stuck() if self.watchdog is not None else None
 
     def chat_template(self) -> ServedTemplate:
         self.ready()
@@ -66,6 +96,11 @@ class AppState:
         except Exception as exc:  # reported by /health and every route, not a crash
             log.exception("model load failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.watchdog = Watchdog(self.loaded.engine.watch, self.settings.stuck_after)
+        while True:  # until the lifespan ends (it cancels this task): logged on time
+            await asyncio.sleep(WATCH_PERIOD_S)
+            self.stuck()
 
     def _engine_died(self, reason: str) -> None:
         """Everyone waiting hears it now, /health turns 503, and the server exits
@@ -73,6 +108,11 @@ class AppState:
         self.engine_failure = reason
         if self.loaded is not None:
             self.loaded.runtime.fail_flights(reason)
+
+    def hurry(self) -> None:
+        """End the grace period now (a second signal)."""
+        if self.loaded is not None:
+            self.loaded.runtime.hurry()
 
     async def drain(self) -> None:
         """Stop taking requests; give running ones --shutdown-grace seconds to finish."""
@@ -82,6 +122,7 @@ class AppState:
 
     async def close(self) -> None:
         if self.loaded is not None:
-            await self.drain()  # a no-op when the server already drained on SIGTERM
-            await asyncio.to_thread(self.loaded.close)
+            if not self.draining:  # drained already on SIGTERM: not a second grace period
+                await self.drain()
+            self.stuck_at_exit = not await asyncio.to_thread(self.loaded.close)
         self.workers.close()

@@ -25,6 +25,8 @@ from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.engine.share import ShareRules
+from llama_srb.engine.watch import StepWatch
 from llama_srb.native import Batch, DecodeError, Model
 from llama_srb.sampling.banned import Bans
 from llama_srb.sampling.branch import build_samplers
@@ -101,15 +103,18 @@ class Engine:
         budget: KvBudget,
         step_budget: float = 0.0,
         tokens_per_call: int = 0,
+        share: ShareRules | None = None,
     ) -> None:
         """`step_budget`: seconds a step may take while streams decode (0: no limit).
         `tokens_per_call`: the most tokens one llama_decode call carries; a step with
-        more makes several calls (0: one call per step)."""
+        more makes several calls (0: one call per step). `share`: fair share between
+        clients (engine/share.py)."""
         self.model = model
         self.ctx = ctx
         self.tokens_per_call = tokens_per_call
         self.pacer = StepPacer(step_budget)
-        self.scheduler = Scheduler(budget, ctx.n_batch, self.pacer)
+        self.scheduler = Scheduler(budget, ctx.n_batch, self.pacer, share)
+        self.watch = StepWatch()  # what runs now, for the watchdog on the event loop
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
@@ -163,11 +168,14 @@ class Engine:
         self._apply(plan.kv_ops)
         outputs: list[RequestOutput] = []
         if not plan.empty:
+            self.watch.begin(r.request_id for r in plan.requests)
             try:
                 outputs = self._run(plan)
             except Exception as exc:  # keep serving: fail what was in flight, not the server
                 log.exception("engine step failed")
                 outputs += self.fail_all(f"engine error: {exc}")
+            finally:
+                self.watch.end()
             decoded = self.stats.decode_seconds - decoding
             self.stats.host_step_seconds.observe(time.perf_counter() - started - decoded)
         self.publish_snapshot()

@@ -233,7 +233,9 @@ class KvBudget:
         self.live = 0  # live sequences
         self.cells_reserved = 0
         self._running: dict[Request, Reservation] = {}
-        self._last_match: tuple[Request, int, CachedPath | None, int] | None = None
+        # Per waiting request, its match as of one cache generation (all stale after it).
+        self._matches: dict[Request, tuple[CachedPath | None, int]] = {}
+        self._matches_of = -1  # the generation they are of
 
     @property
     def free_ids(self) -> int:
@@ -249,20 +251,27 @@ class KvBudget:
     def match(self, request: Request) -> tuple[CachedPath | None, int]:
         """The cached path to fork from and how many prompt tokens it provides (at most
         all but the last: that one is decoded again to give the first logits). Memoized
-        until the cache changes: admission asks every step while a request waits."""
+        per request until the cache changes: admission asks every step while requests
+        wait."""
         if not self.cache.enabled or request.prompt_logprobs:  # echo+logprobs: score it all
             return None, 0
-        memo = self._last_match
-        if memo is not None and memo[0] is request and memo[1] == self.cache.generation:
-            return memo[2], memo[3]
+        if self._matches_of != self.cache.generation:
+            self._matches, self._matches_of = {}, self.cache.generation
+        memo = self._matches.get(request)
+        if memo is not None:
+            return memo
         path, shared = self.cache.longest(as_tokens(request.prompt))
         shared = min(shared, request.prompt_len - 1)
         if path is None or shared < MIN_SHARED_TOKENS:
             path, shared = None, 0
         elif request.cells_needed - shared + len(path) > self.n_cells:
             path, shared = None, 0  # pinned beside the request it could never fit: compute
-        self._last_match = (request, self.cache.generation, path, shared)
+        self._matches[request] = (path, shared)
         return path, shared
+
+    def cells_to_reserve(self, request: Request) -> int:
+        """The cells admitting the request now would reserve: all but what it forks."""
+        return request.cells_needed - self.match(request)[1]
 
     def can_admit(self, request: Request) -> bool:
         source, shared = self.match(request)

@@ -1,8 +1,9 @@
 """Admission, chunked prefill, the plan of each decode step, and every change of state.
 
 Each step carries one token for every live branch of every decoding request (continuous
-batching) and fills the rest of the batch with prompt chunks of admitted requests in
-arrival order (chunked prefill), so running streams never wait behind a long prompt.
+batching) and fills the rest of the batch with prompt chunks of admitted requests
+(chunked prefill), so running streams never wait behind a long prompt. Both the queue and
+the prompt share of a step are served by client, fairly (engine/share.py).
 A prompt that starts like an earlier live request's prompt forks that part from it
 instead of computing it again, waiting for it if it is still being prefilled.
 
@@ -14,7 +15,7 @@ must change there comes back as `KvOp`s, which the engine applies.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 from itertools import groupby
 
@@ -22,6 +23,7 @@ from llama_srb.engine.kv import MIN_SHARED_TOKENS, KvBudget, KvOp, common_prefix
 from llama_srb.engine.outputs import ChoiceDelta
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.engine.share import FairQueue, Reserve, ShareRules
 
 PROMPT_LOGPROBS_CHUNK = 64
 
@@ -43,7 +45,8 @@ class StepPlan:
     decode: list[tuple[Request, Sequence]] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)  # left the queue this step
-    # Why the request at the head of the queue still waits: "sequences", "cells" or None.
+    # Why the request whose turn it was still waits: "sequences" (the server's, or its
+    # client's share of them), "cells" or None.
     blocked: str | None = None
 
     @property
@@ -86,15 +89,26 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, budget: KvBudget, n_batch: int, pacer: StepPacer | None = None) -> None:
+    def __init__(
+        self,
+        budget: KvBudget,
+        n_batch: int,
+        pacer: StepPacer | None = None,
+        share: ShareRules | None = None,
+    ) -> None:
+        """`share`: the fair-share rules; its reserve sequences are part of the budget's
+        `max_live`, beyond what large requests may hold."""
         self.budget = budget
         self.n_batch = n_batch
         self.pacer = pacer or StepPacer()
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admitted: prefilling or decoding, arrival order
+        self.share = share or ShareRules()
+        large = budget.max_live - self.share.reserve_sequences
+        self.reserve = Reserve(self.share, large, budget.n_cells)
+        self.waiting = FairQueue()
+        self.running: list[Request] = []  # admitted: prefilling or decoding, in that order
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def find(self, request_id: str) -> Request | None:
         for request in (*self.running, *self.waiting):
@@ -111,20 +125,25 @@ class Scheduler:
     def has_work(self) -> bool:
         """Whether the next step has anything to decode. Every running request has (its
         prompt, or tokens to generate); a waiting one only once it can be admitted."""
-        return bool(self.running) or bool(self.waiting and self.budget.can_admit(self.waiting[0]))
+        if self.running:
+            return True
+        first = self.waiting.next({}, set())  # on an idle server, the oldest request's turn
+        return first is not None and self.budget.can_admit(first)
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        self._admit(plan)
+        held = self._held()
+        self._admit(plan, held)
         for request in self.running:
             if request.status is RequestStatus.DECODING:
                 plan.decode.extend((request, seq) for seq in request.live)
         room = self.pacer.prefill_room(len(plan.decode), self.n_batch - len(plan.decode))
-        for request in self.running:
+        # Prompt room as the queue: first the clients that hold the fewest sequences.
+        prefilling = [r for r in self.running if r.status is RequestStatus.PREFILLING]
+        prefilling.sort(key=lambda r: (held[r.client], r.arrival))
+        for request in prefilling:
             if room <= 0:
                 break
-            if request.status is not RequestStatus.PREFILLING:
-                continue
             shares = self.budget.cache.enabled and not request.prompt_logprobs
             if shares and self._share_live_prefix(request, plan.kv_ops):
                 continue  # an earlier request is computing this prompt's start: wait for it
@@ -152,16 +171,53 @@ class Scheduler:
         last = request.prompt_len - 1
         return last if alone and request.n_prefilled < last else request.prompt_len
 
-    def _admit(self, plan: StepPlan) -> None:
-        # Strict arrival order: a large request at the head is not starved by small ones.
-        while self.waiting and self.budget.can_admit(self.waiting[0]):
-            request = self.waiting.popleft()
+    def _held(self) -> Counter[str]:
+        """Live sequences per client."""
+        held: Counter[str] = Counter()
+        for request in self.running:
+            held[request.client] += len(request.live)
+        return held
+
+    def _admit(self, plan: StepPlan, held: Counter[str]) -> None:
+        """Admit in the fair order (engine/share.py) while requests fit. Once the request
+        whose turn it is must wait, only small requests go past it, into the reserve."""
+        passed: set[str] = set()  # clients whose turn is over this step
+        waiting_for: Request | None = None  # the request whose turn it was, if it must wait
+        while (request := self.waiting.next(held, passed)) is not None:
+            cap = self.share.client_sequences
+            if cap and held[request.client] + request.n > cap:
+                passed.add(request.client)  # it holds its share: its own requests end first
+                plan.blocked = plan.blocked or "sequences"
+                continue
+            cells = self.budget.cells_to_reserve(request)
+            small = self.reserve.is_small(request, cells)
+            if waiting_for is None:
+                fits = small or self.reserve.fits_large(request, cells) or not self.running
+            else:
+                fits = small and self.reserve.fits_small(request, cells)
+            if not (fits and self.budget.can_admit(request)):
+                passed.add(request.client)
+                if waiting_for is None:
+                    waiting_for = request
+                    plan.blocked = self._shortage(request, small)
+                    if not self.reserve.fits_beside_reserve(request, cells):
+                        return  # it runs alone: nothing goes in until the server is idle
+                continue
+            self.waiting.remove(request)
             plan.kv_ops += self.budget.admit(request)
+            self.reserve.hold(request, small, cells)
             plan.admitted.append(request)
             request.status = RequestStatus.PREFILLING
             self.running.append(request)
-        if self.waiting:
-            plan.blocked = self.budget.shortage(self.waiting[0])
+            held[request.client] += request.n
+
+    def _shortage(self, request: Request, small: bool) -> str:
+        """What a waiting request lacks: "sequences" or "cells" (its kind's share of them)."""
+        if self.budget.shortage(request) == "sequences" or (
+            not small and not self.reserve.fits_large_sequences(request)
+        ):
+            return "sequences"
+        return "cells"
 
     def _share_live_prefix(self, request: Request, ops: list[KvOp]) -> bool:
         """Fork the longest prompt prefix that an earlier live request already holds.
@@ -253,6 +309,7 @@ class Scheduler:
         ops: list[KvOp] = []
         if request in self.running:
             self.running.remove(request)
+            self.reserve.release(request)
             ops = self.budget.release_request(request)
         elif request in self.waiting:
             self.waiting.remove(request)

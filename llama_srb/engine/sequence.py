@@ -97,6 +97,8 @@ class Request:
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
     n_cached: int = 0  # of those, how many were shared from cached or live sequences
     arrival: float = field(default_factory=time.monotonic)
+    # Who sent it (an API key's name, a session, an address): the unit of fair share.
+    client: str = ""
     first_token_at: float | None = None
     error: str | None = None
     # echo + logprobs: every prompt position needs its logits, so the whole prompt is

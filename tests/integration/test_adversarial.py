@@ -268,7 +268,16 @@ def tight_queue(
     tmp_path_factory: pytest.TempPathFactory, bundled_model: str
 ) -> Iterator[RunningServer]:
     tmp = tmp_path_factory.mktemp(f"tight_queue-{bundled_model}")
-    args = ("--model", bundled_model, "--max-queue", "2", "--n-ctx", "2048")
+    args = (
+        "--model",
+        bundled_model,
+        "--max-queue",
+        "2",
+        "--client-max-queue",
+        "2",
+        "--n-ctx",
+        "2048",
+    )
     with run_server(tmp, *args) as running:
         yield running
 

@@ -315,13 +315,18 @@ def test_sigterm_lets_running_streams_finish_ends_the_rest_and_exits_0(
         signalled = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
 
-        def refusing() -> bool:  # the listener closes at once; running streams go on
-            try:
-                return httpx.get(f"{server.base_url}/health", timeout=1).status_code == 503
-            except httpx.TransportError:
-                return True
+        # Still listening while the streams drain: the probe sees the drain, and new
+        # generations are refused with a reason.
+        def draining() -> bool:
+            return httpx.get(f"{server.base_url}/health", timeout=5).status_code == 503
 
-        wait_for(refusing, within=3)
+        wait_for(draining, within=3)
+        assert httpx.get(f"{server.base_url}/health", timeout=5).json()["status"] == "draining"
+        refused = httpx.post(
+            f"{server.api_url}/completions", json={"prompt": STORY, "max_tokens": 1}, timeout=5
+        )
+        assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "server_shutting_down"
         short.join(30)
         long.join(30)
         assert server.process.wait(timeout=30) == 0

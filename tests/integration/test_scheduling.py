@@ -24,9 +24,11 @@ STORY = "The harbor lantern swung in the storm while the keeper counted the boat
 @pytest.fixture(scope="module")
 def paced(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> Iterator[RunningServer]:
     """A tight step budget and few sequences: long prompts go in small chunks beside
-    streams, and a third request of n=2 waits for sequence ids. Calls of at most 3 tokens:
-    two requests of n=2 decode in two calls a step."""
+    streams, and a third request of n=2 waits for sequence ids (no reserve for small
+    requests, which would take it). Calls of at most 3 tokens: two requests of n=2 decode
+    in two calls a step."""
     args = ["--model", bundled_model, "--n-ctx", "8192", "--max-sequences", "4", "--max-n", "4"]
+    args += ["--reserve-sequences", "0"]
     pacing = ("--step-budget", "0.02", "--tokens-per-call", "3")
     with run_server(tmp_path_factory.mktemp("paced"), *args, *pacing) as s:
         yield s

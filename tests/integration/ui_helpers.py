@@ -28,6 +28,9 @@ SCREENSHOT_DIR = os.environ.get("LLAMA_SRB_SCREENSHOT")
 PROMPT = "The lighthouse keeper found a letter on the rocks. It said:"
 GENERATION_TIMEOUT_MS = 30_000
 PHONE = {"width": 390, "height": 844}
+# Every CSP violation as a console message (chromium also logs its own "Refused to ...").
+CSP_REPORTER = """document.addEventListener("securitypolicyviolation", (e) =>
+  console.error(`Content Security Policy violation: ${e.violatedDirective} ${e.blockedURI}`));"""
 
 
 @pytest.fixture(scope="session")
@@ -59,7 +62,8 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def open_ui(browser: Any) -> Iterator[Callable[..., Any]]:
     """Opens the UI in a fresh browser context (empty local storage); at the end, closes it
-    and fails on any uncaught script error or failed request (a 404) the page had."""
+    and fails on any uncaught script error, failed request (a 404) or breach of the
+    server's Content-Security-Policy the page had."""
     contexts: list[Any] = []
     errors: list[str] = []
 
@@ -67,9 +71,14 @@ def open_ui(browser: Any) -> Iterator[Callable[..., Any]]:
         context = browser.new_context(
             viewport={"width": width, "height": height}, accept_downloads=True
         )
+        context.add_init_script(CSP_REPORTER)
         contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda error: errors.append(str(error)))
+        page.on(
+            "console",
+            lambda m: errors.append(m.text) if "Content Security Policy" in m.text else None,
+        )
         page.on(
             "response",
             lambda r: errors.append(f"{r.status} {r.url}") if r.status == 404 else None,

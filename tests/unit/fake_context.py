@@ -20,6 +20,7 @@ from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.sequence import Request, RequestStatus
 from llama_srb.engine.sequence import Sequence as Branch
+from llama_srb.engine.share import ShareRules
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.params import SamplingParams
@@ -182,6 +183,7 @@ def make_request(
     request_id: str,
     prompt: list[int],
     n: int = 1,
+    client: str = "",
     **params: object,
 ) -> Request:
     """A request whose branch i samples the i-th most likely token."""
@@ -190,7 +192,7 @@ def make_request(
         Branch(index=i, sampler=FakeSampler(i), decoder=TextStream(FakeModel.piece, sampling.stop))
         for i in range(n)
     ]
-    return Request(request_id, prompt, sampling, branches)
+    return Request(request_id, prompt, sampling, branches, client=client)
 
 
 def make_engine(
@@ -201,11 +203,15 @@ def make_engine(
     cache_cells: int | None = None,
     table: Table = ranking,
     tokens_per_call: int = 0,
+    share: ShareRules | None = None,
 ) -> tuple[Engine, FakeContext]:
-    """An engine over a fake context; the prefix cache may use every cell by default."""
-    budget = KvBudget(max_live, n_ctx, cache_paths, n_ctx if cache_cells is None else cache_cells)
+    """An engine over a fake context; the prefix cache may use every cell by default.
+    `max_live` counts large requests' sequences; `share`'s reserve comes on top."""
+    live = max_live + (share.reserve_sequences if share else 0)
+    budget = KvBudget(live, n_ctx, cache_paths, n_ctx if cache_cells is None else cache_cells)
     ctx = FakeContext(n_ctx, n_batch, budget.n_seq, table)
-    return Engine(FakeModel(), ctx, budget, tokens_per_call=tokens_per_call), ctx
+    engine = Engine(FakeModel(), ctx, budget, tokens_per_call=tokens_per_call, share=share)
+    return engine, ctx
 
 
 @dataclass

@@ -32,7 +32,8 @@ def chat_router(state: AppState) -> APIRouter:
     async def chat_completions(
         body: Annotated[ChatRequest, Depends(parsed(ChatRequest))], http: Request
     ) -> Response:
-        loaded = check_request(state, body, 1)
+        caller = state.caller(http)
+        loaded = check_request(state, body, 1, caller)
         served = state.chat_template()
 
         def prepare() -> EngineRequest:
@@ -42,7 +43,7 @@ def chat_router(state: AppState) -> APIRouter:
 
         request = await state.workers.run(prepare, lambda built: discard([built]))
         created = int(time.time())
-        outputs = submit(state, [request])
+        outputs = submit(state, [request], caller)
         piece = loaded.model.piece if body.logprobs else None
         if body.stream:
             stream = ChatStream(

@@ -31,7 +31,8 @@ def completions_router(state: AppState) -> APIRouter:
     async def completions(
         body: Annotated[CompletionRequest, Depends(parsed(CompletionRequest))], http: Request
     ) -> Response:
-        loaded = check_request(state, body, count_prompts(body.prompt))
+        caller = state.caller(http)
+        loaded = check_request(state, body, count_prompts(body.prompt), caller)
         model = loaded.model
         scored = body.echo and body.logprobs is not None  # the prompt's logprobs too
 
@@ -42,7 +43,7 @@ def completions_router(state: AppState) -> APIRouter:
 
         prompts, requests = await state.workers.run(prepare, lambda built: discard(built[1]))
         request_id, created = requests[0].request_id, int(time.time())
-        outputs = submit(state, requests)
+        outputs = submit(state, requests, caller)
         piece = model.piece if body.logprobs is not None else None
         if body.stream:
             stream = CompletionStream(

@@ -131,7 +131,7 @@ def kobold_router(state: AppState) -> APIRouter:
             {
                 "result": "KoboldCpp",
                 "version": KOBOLDCPP_VERSION,
-                "protected": bool(settings.api_keys()),
+                "protected": state.keys.required,
                 "txt2img": False,
                 "vision": False,
                 "transcribe": False,
@@ -149,7 +149,8 @@ def kobold_router(state: AppState) -> APIRouter:
                 "KoboldCpp's stream carries one text: ask /api/v1/generate for n > 1",
                 param="n",
             )
-        loaded = check_request(state, body, 1)
+        caller = state.caller(http)
+        loaded = check_request(state, body, 1, caller)
         model = loaded.model
         job = Job(client_scope(http))
         genkeys.add(body.genkey, job)  # before it is built: an abort may come that early
@@ -168,7 +169,7 @@ def kobold_router(state: AppState) -> APIRouter:
                 discard(requests)
                 requests = []
             job.request_ids = [r.request_id for r in requests]
-            outputs = submit(state, requests) if requests else _nothing()
+            outputs = submit(state, requests, caller) if requests else _nothing()
         except BaseException:
             genkeys.remove(body.genkey, job)
             raise

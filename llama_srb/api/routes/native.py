@@ -32,7 +32,8 @@ def native_router(state: AppState) -> APIRouter:
         body: Annotated[NativeCompletionRequest, Depends(parsed(NativeCompletionRequest))],
         http: Request,
     ) -> Response:
-        loaded = check_request(state, body, count_prompts(body.prompt))
+        caller = state.caller(http)
+        loaded = check_request(state, body, count_prompts(body.prompt), caller)
         model = loaded.model
 
         def prepare() -> tuple[list[Prompt], SamplingParams, list[EngineRequest]]:
@@ -58,7 +59,7 @@ def native_router(state: AppState) -> APIRouter:
             samplers=tuple(sampler_list(body)),
         )
         call = NativeCall(options, params, prompts, model)
-        outputs = submit(state, requests)
+        outputs = submit(state, requests, caller)
         if body.stream:
             return sse_response(call.events(outputs))
         return JSONResponse(await until_disconnect(http, call.collect(outputs)))
