@@ -14,6 +14,9 @@ from llama_srb.native import Batch
 
 class Vocabulary(Protocol):
     @property
+    def n_vocab(self) -> int: ...
+
+    @property
     def bos(self) -> int: ...
 
     @property

@@ -30,9 +30,10 @@ from llama_srb.engine.watch import StepWatch
 from llama_srb.native import Batch, DecodeError, Model
 from llama_srb.sampling.banned import Bans
 from llama_srb.sampling.branch import build_samplers
+from llama_srb.sampling.constraint import GRAMMAR_COMPLETE
 from llama_srb.sampling.cut import Row, column_maxima
-from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
 from llama_srb.sampling.logprobs import RowScores
+from llama_srb.sampling.masks import Bitmask, MaskBatch
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
 
@@ -120,6 +121,7 @@ class Engine:
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
         self._eog = np.unique(np.array(model.eog_tokens, dtype=np.int64))
         self._eog_set = frozenset(model.eog_tokens)  # per-token check without a C call
+        self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
     def close(self) -> None:
@@ -195,7 +197,8 @@ class Engine:
                 continue
             seconds += elapsed
             self._apply(self.scheduler.prefilled(call))
-            self._sample(call, chunk_rows, sampled)
+            for request, error in self._sample(call, chunk_rows, sampled):
+                failed += self.fail([request], error)
         self.stats.steps += 1
         n_prefill = plan.n_tokens - len(plan.decode)
         self.pacer.observe(len(plan.decode), n_prefill, seconds)
@@ -275,36 +278,80 @@ class Engine:
         call: StepPlan,
         chunk_rows: list[int],
         sampled: dict[int, tuple[Request, list[ChoiceDelta]]],
-    ) -> None:
+    ) -> list[tuple[Request, str]]:
         """Every branch with logits in this call samples its next token; per request, in
         plan order, the deltas of its branches join `sampled`. The rows are read once for
-        all of them, into their column maxima (sampling/cut.py)."""
+        all of them, into their column maxima (sampling/cut.py), and the grammars' masks
+        are computed for all of them in one call. Returns the requests whose grammar
+        failed (a limit of its work per token), to end with their error."""
         logits = self.ctx.logits()
         if not len(logits):
-            return
+            return []
         maxima = column_maxima(logits)
+        forks = [
+            (chunk.request, last)
+            for chunk, last in zip(call.prefill, chunk_rows, strict=True)
+            if chunk.completes_prompt
+        ]
+        masks = self._grammar_masks(call, forks)
+        broken = self._broken(masks)
 
         def deltas(request: Request) -> list[ChoiceDelta]:
             return sampled.setdefault(id(request), (request, []))[1]
 
         for chunk, last in zip(call.prefill, chunk_rows, strict=True):
-            request = chunk.request
-            if request.prompt_logprobs:
+            if chunk.request.prompt_logprobs:
                 self._score_prompt(chunk, logits, last)
-            if chunk.completes_prompt:  # forked: every branch samples from the last row
-                self.stats.prompt_tokens_cached += request.n_cached
-                row = Row(logits[last], maxima[last])
-                if request.params.banned_strings:  # kept for rewinds to a branch's start
-                    request.first_row = (row.logits.copy(), row.colmax.copy())
-                scores = self._scores(request, row)
-                # distinct_openings: each branch's first token is one no earlier one drew
-                taken: set[int] | None = set() if request.params.distinct_openings else None
-                out = deltas(request)
-                for seq in request.sequences:
-                    out.append(self._next_delta(request, seq, row, scores, taken))
+        for request, last in forks:  # every branch samples from the prompt's last row
+            if id(request) in broken:
+                continue
+            self.stats.prompt_tokens_cached += request.n_cached
+            row = Row(logits[last], maxima[last])
+            if request.params.banned_strings:  # kept for rewinds to a branch's start
+                request.first_row = (row.logits.copy(), row.colmax.copy())
+            scores = self._scores(request, row)
+            # distinct_openings: each branch's first token is one no earlier one drew
+            taken: set[int] | None = set() if request.params.distinct_openings else None
+            out = deltas(request)
+            for seq in request.sequences:
+                mask = masks.get(id(seq))
+                out.append(self._next_delta(request, seq, row, scores, taken, mask))
         for i, (request, seq) in enumerate(call.decode):
+            if id(request) in broken:
+                continue
             row = Row(logits[i], maxima[i])
-            deltas(request).append(self._next_delta(request, seq, row, self._scores(request, row)))
+            scores = self._scores(request, row)
+            deltas(request).append(
+                self._next_delta(request, seq, row, scores, None, masks.get(id(seq)))
+            )
+        return list(broken.values())
+
+    def _grammar_masks(
+        self, call: StepPlan, forks: list[tuple[Request, int]]
+    ) -> dict[int, Bitmask]:
+        """The next tokens each constrained branch of this call's rows may take, by branch
+        (llguidance, in one call for all of them, on its own threads)."""
+        branches = [seq for request, _ in forks for seq in request.sequences]
+        branches += [seq for _, seq in call.decode]
+        matchers = {
+            id(seq): seq.sampler.matcher
+            for seq in branches
+            if seq.sampler is not None and seq.sampler.matcher is not None
+        }
+        if not matchers:
+            return {}
+        rows = self._masks.fill(list(matchers.values())).copy()
+        return dict(zip(matchers, rows, strict=True))
+
+    def _broken(self, masks: dict[int, Bitmask]) -> dict[int, tuple[Request, str]]:
+        """The requests one of whose branches' grammar went past a limit just now."""
+        broken: dict[int, tuple[Request, str]] = {}
+        for request in self.scheduler.running:
+            for seq in request.live:
+                matcher = seq.sampler.matcher if seq.sampler is not None else None
+                if id(seq) in masks and matcher is not None and matcher.error:
+                    broken[id(request)] = (request, f"the grammar cannot go on: {matcher.error}")
+        return broken
 
     @staticmethod
     def _scores(request: Request, row: Row) -> RowScores | None:
@@ -336,6 +383,7 @@ class Engine:
         row: Row,
         scores: RowScores | None,
         taken: set[int] | None = None,
+        mask: Bitmask | None = None,
     ) -> ChoiceDelta:
         """Sample the next token and turn it into text; a finish reason when the branch
         ends here (the scheduler then releases it). A token that began a banned phrase
@@ -347,7 +395,7 @@ class Engine:
             return self._last_delta(request, seq, released, FinishReason.LENGTH)
         mask_eog = params.ignore_eos or len(seq.tokens) < params.min_tokens
         while True:
-            token = self._pick(seq, row, mask_eog, taken)
+            token = self._pick(seq, row, mask_eog, taken, mask)
             if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
                 return self._last_delta(request, seq, released, FinishReason.STOP)
             self.stats.generated_tokens += 1
@@ -367,13 +415,23 @@ class Engine:
             if rewind is Rewind.FIRST:
                 row = self._first_row(request)
                 scores = self._scores(request, row)
+                if mask is not None:  # the grammar is back at its start: its first mask
+                    assert seq.sampler is not None and seq.sampler.matcher is not None
+                    mask = self._masks.fill([seq.sampler.matcher])[0]
         if seq.decoder.stopped:
             return self._last_delta(request, seq, released, FinishReason.STOP, text, 1)
         if len(seq.tokens) >= params.max_tokens:
             return self._last_delta(request, seq, released, FinishReason.LENGTH, text, 1)
         return self._delta(request, seq, released, text, None, 1)
 
-    def _pick(self, seq: Sequence, row: Row, mask_eog: bool, taken: set[int] | None) -> int:
+    def _pick(
+        self,
+        seq: Sequence,
+        row: Row,
+        mask_eog: bool,
+        taken: set[int] | None,
+        mask: Bitmask | None = None,
+    ) -> int:
         """The branch's sampler's token from `row`, never one banned at this position nor
         (masked) end-of-generation; for a distinct opening, not one in `taken`, which it
         joins."""
@@ -383,7 +441,7 @@ class Engine:
         if banned:
             ids = np.asarray(banned, dtype=np.int64)
             forbidden = np.unique(ids if forbidden is None else np.concatenate([forbidden, ids]))
-        token = seq.sampler.sample(row, forbidden, taken)
+        token = seq.sampler.sample(row, forbidden, taken, mask)
         if taken is not None:
             taken.add(token)
         return token

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llama_srb.sampling.banned import Bans
+from llama_srb.sampling.constraint import Matcher
 from llama_srb.sampling.logprobs import TokenLogprob
 from llama_srb.sampling.params import SamplingParams
 
@@ -51,9 +52,14 @@ class Decoder(Protocol):
 
 class Sampler(Protocol):
     """A branch's sampler chain (sampling/branch.py): the next token from a row (never
-    one of `forbidden`; with `taken`, a distinct opening), and back to fewer tokens."""
+    one of `forbidden` nor one its grammar's `mask` refuses; with `taken`, a distinct
+    opening), and back to fewer tokens. `matcher`: its place in its grammar, if any."""
 
-    def sample(self, row: Any, forbidden: Any = None, taken: set[int] | None = None) -> int: ...
+    matcher: Matcher | None
+
+    def sample(
+        self, row: Any, forbidden: Any = None, taken: set[int] | None = None, mask: Any = None
+    ) -> int: ...
     def close(self) -> None: ...
     def rewind(self, kept: list[int]) -> None: ...
 

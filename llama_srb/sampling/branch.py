@@ -5,13 +5,14 @@ there), and a first token that no earlier branch of the request drew (`distinct_
 
 Per token, a branch reads its row once, through the column maxima the engine computed for
 the whole step (sampling/cut.py); llama.cpp's samplers see only the few tokens the head can
-change and the cut's survivors. A grammar keeps llama.cpp's grammar sampler over the whole
-row (ConstrainedSampler).
+change and the cut's survivors. With a grammar (sampling/constraint.py), the tokens it
+does not allow are masked first, from the masks the engine computed for the whole step.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -27,23 +28,23 @@ from llama_srb.sampling.chain import (
     ChainPlan,
     CutKind,
     build,
-    chain_order,
     history_window,
     make,
     plan_chain,
 )
+from llama_srb.sampling.constraint import GRAMMAR_COMPLETE, Matcher
 from llama_srb.sampling.cut import Ids, Row, Vector, top_p
-from llama_srb.sampling.grammar import (
-    GRAMMAR_COMPLETE,
-    TOKEN_DATA,
-    ConstrainedChain,
-    clone_grammar,
-    parse_grammar,
-    token_ids,
-)
+from llama_srb.sampling.masks import Bitmask, apply_mask
 from llama_srb.sampling.params import SamplingParams
 
+# llama_token_data: {int32 id; float logit; float p}, 12 bytes, no padding.
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 Survivors = npt.NDArray[np.void]  # llama_token_data records
+
+
+@functools.lru_cache(maxsize=4)
+def token_ids(n_vocab: int) -> npt.NDArray[np.int32]:
+    return np.arange(n_vocab, dtype=np.int32)
 
 
 class Candidates:
@@ -121,9 +122,11 @@ class BranchSampler:
         finish: SamplerChain | None,
         first_cut: SamplerChain | None = None,
         history: tuple[tuple[SamplerChain, int, int], ...] = (),
+        matcher: Matcher | None = None,
     ) -> None:
         """`first_cut`: llama.cpp's own top-p, for a row whose cut its columns cannot
-        decide. `history`: the remembering samplers, as (chain, position, window)."""
+        decide. `history`: the remembering samplers, as (chain, position, window).
+        `matcher`: the branch's place in the request's grammar."""
         self.plan = plan
         self.params = params
         self.seed = seed
@@ -131,6 +134,8 @@ class BranchSampler:
         self.finish = finish
         self.first_cut = first_cut
         self.history = history
+        self.matcher = matcher
+        self._accepted = 0  # tokens the matcher has consumed
         self._window = TokenWindow(max((w for _, _, w in history), default=0)) if head else None
         bias = sorted(params.logit_bias)
         self._bias: tuple[Ids, Vector] | None = None
@@ -153,11 +158,21 @@ class BranchSampler:
 
     # -- one token -----------------------------------------------------------------------
 
-    def sample(self, row: Row, forbidden: Ids | None = None, taken: set[int] | None = None) -> int:
+    def sample(
+        self,
+        row: Row,
+        forbidden: Ids | None = None,
+        taken: set[int] | None = None,
+        mask: Bitmask | None = None,
+    ) -> int:
         """The branch's next token from `row`, never one of `forbidden` (sorted distinct
-        ids: end-of-generation masked, banned at this position); with `taken` (distinct
-        openings), one no earlier branch drew while the chain leaves any. Accepted, as
-        llama_sampler_sample does."""
+        ids: end-of-generation masked, banned at this position) nor one the grammar's
+        `mask` refuses; with `taken` (distinct openings), one no earlier branch drew while
+        the chain leaves any. Accepted, as llama_sampler_sample does; GRAMMAR_COMPLETE
+        when the grammar allows nothing more."""
+        if mask is not None:  # in place: a row is one branch's, or all at a grammar's start
+            apply_mask(row.logits, mask)
+            row.refresh()
         unfiltered = self.plan.cut in (CutKind.GREEDY, CutKind.DRAW)
         if taken and unfiltered:  # nothing filters: the taken ones are simply ruled out
             taken_ids = np.fromiter(taken, np.int64, len(taken))
@@ -165,6 +180,8 @@ class BranchSampler:
             forbidden, taken = np.unique(both), None
         self._patch(row, forbidden)
         try:
+            if mask is not None and row.max == -np.inf:
+                return GRAMMAR_COMPLETE
             token = self._choose(row, taken)
         finally:
             row.restore()
@@ -177,6 +194,9 @@ class BranchSampler:
                 C.llama_sampler_accept(chain.ptr, token)
         if self._window is not None:
             self._window.push(token)
+        if self.matcher is not None:
+            self.matcher.consume(token)  # an allowed token; a refused one sets its error
+            self._accepted += 1
 
     def _patch(self, row: Row, forbidden: Ids | None) -> None:
         """The head over the tokens it can change: masked ones to -inf, then the bias, the
@@ -284,7 +304,9 @@ class BranchSampler:
             if free.any():
                 weights = np.exp(logits[free] - logits[free].max())
                 return int(self.rng.choice(kept["id"][free], p=weights / weights.sum()))
-        return most_likely_untaken(row.logits, taken)
+        token = most_likely_untaken(row.logits, taken)
+        # a grammar that allows only taken tokens: the opening repeats one, never breaks it
+        return token if np.isfinite(row.logits[token]) else int(kept["id"][0])
 
     # -- taking tokens back --------------------------------------------------------------
 
@@ -305,53 +327,9 @@ class BranchSampler:
                 C.llama_sampler_accept(sampler, token)
         if self._window is not None:
             self._window.reset(kept)
-
-
-class ConstrainedSampler:
-    """A branch with a grammar: llama.cpp's whole chain and its grammar sampler over the
-    whole row (sampling/grammar.py)."""
-
-    def __init__(self, chain: ConstrainedChain, history: tuple[tuple[int, int], ...]) -> None:
-        self.chain = chain
-        self.history = history
-
-    def sample(self, row: Row, forbidden: Ids | None = None, taken: set[int] | None = None) -> int:
-        """As BranchSampler.sample, or GRAMMAR_COMPLETE when the grammar allows nothing
-        more. With `taken`, the taken tokens masked first; if the grammar then allows
-        nothing else, the opening may repeat one (never a token it rejects)."""
-        masked = forbidden if forbidden is not None else np.empty(0, np.int64)
-        if taken:
-            masked = np.concatenate([masked, np.fromiter(taken, np.int64, len(taken))])
-        if len(masked):
-            ids = np.unique(masked)
-            row.patch(ids, np.full(len(ids), -np.inf, np.float32))
-        try:
-            token = self.chain.sample_row(row.logits)
-        finally:
-            row.restore()
-        if token == GRAMMAR_COMPLETE and taken:
-            return self.sample(row, forbidden)
-        return token
-
-    def close(self) -> None:
-        self.chain.close()
-
-    def rewind(self, kept: Sequence[int]) -> None:
-        """As BranchSampler.rewind; the grammar goes back to its start and re-reads the
-        kept tokens (~15 µs each)."""
-        for position, window in self.history:
-            sampler = C.llama_sampler_chain_get(self.chain.chain.ptr, position)
-            C.llama_sampler_reset(sampler)
-            for token in kept[-window:] if window > 0 else ():
-                C.llama_sampler_accept(sampler, token)
-        grammar = self.chain.grammar
-        if grammar:
-            C.llama_sampler_reset(grammar)
-            for token in kept:
-                C.llama_sampler_accept(grammar, token)
-
-
-Sampler = BranchSampler | ConstrainedSampler
+        if self.matcher is not None:
+            self.matcher.rollback(self._accepted - len(kept))
+            self._accepted = len(kept)
 
 
 def most_likely_untaken(row: Vector, taken: set[int]) -> int:
@@ -364,30 +342,27 @@ def most_likely_untaken(row: Vector, taken: set[int]) -> int:
     raise ValueError("every token is taken")
 
 
-def build_samplers(model: Model, params: SamplingParams, seeds: list[int]) -> list[Sampler]:
+def build_samplers(model: Model, params: SamplingParams, seeds: list[int]) -> list[BranchSampler]:
     """One sampler per branch; branch i uses `params.for_branch(i)` (its `choices_params`
     entry) and `seeds[i]`. Branches with the same settings share one chain build."""
     groups: dict[SamplingParams, list[int]] = {}
     for index in range(len(seeds)):
         groups.setdefault(params.for_branch(index), []).append(index)
-    samplers: list[Sampler | None] = [None] * len(seeds)
+    samplers: list[BranchSampler | None] = [None] * len(seeds)
     try:
         for branch_params, indexes in groups.items():
-            group_seeds = [seeds[i] for i in indexes]
-            build_group = _constrained if branch_params.grammar is not None else _planned
-            for i, sampler in zip(
-                indexes, build_group(model, branch_params, group_seeds), strict=True
-            ):
-                samplers[i] = sampler
+            group = _planned(model, branch_params, [seeds[i] for i in indexes])
+            for i, built in zip(indexes, group, strict=True):
+                samplers[i] = built
     except BaseException:
-        for built in samplers:
-            if built is not None:
-                built.close()
+        for sampler in samplers:
+            if sampler is not None:
+                sampler.close()
         raise
     return [s for s in samplers if s is not None]
 
 
-def _planned(model: Model, p: SamplingParams, seeds: list[int]) -> list[Sampler]:
+def _planned(model: Model, p: SamplingParams, seeds: list[int]) -> list[BranchSampler]:
     plan = plan_chain(p)
     chains: list[SamplerChain] = []  # closed if anything fails before the samplers own them
     try:
@@ -407,7 +382,7 @@ def _planned(model: Model, p: SamplingParams, seeds: list[int]) -> list[Sampler]
         for chain in chains:
             chain.close()
         raise
-    samplers: list[Sampler] = []
+    samplers: list[BranchSampler] = []
     for seed, head, finish, first_cut in zip(seeds, heads, finishes, first_cuts, strict=True):
         history = tuple(
             (chain, position, history_window(model, p, name))
@@ -416,38 +391,6 @@ def _planned(model: Model, p: SamplingParams, seeds: list[int]) -> list[Sampler]
             for position, name in enumerate(names)
             if name in REMEMBERING
         )
-        samplers.append(BranchSampler(plan, p, seed, head, finish, first_cut, history))
-    return samplers
-
-
-def _constrained(model: Model, p: SamplingParams, seeds: list[int]) -> list[Sampler]:
-    """Branches with a grammar: the whole chain (bias first), wrapped with a clone of the
-    grammar parsed once. Raises ParamError when the grammar does not parse."""
-    assert p.grammar is not None
-    names = chain_order(p)
-    first = 1 if p.logit_bias else 0
-    history = tuple(
-        (position, history_window(model, p, name))
-        for position, name in enumerate(names, start=first)
-        if name in REMEMBERING
-    )
-    grammar = parse_grammar(model, p.grammar)
-    try:
-        chains = build(model, p, names, seeds, pick=True, bias=True)
-    except BaseException:
-        C.llama_sampler_free(grammar)
-        raise
-    samplers: list[Sampler] = []
-    try:
-        for chain in chains:
-            constrained = ConstrainedChain(chain, clone_grammar(grammar), model.n_vocab)
-            samplers.append(ConstrainedSampler(constrained, history))
-    except BaseException:
-        for sampler in samplers:
-            sampler.close()
-        for chain in chains[len(samplers) :]:
-            chain.close()
-        raise
-    finally:
-        C.llama_sampler_free(grammar)
+        matcher = p.constraint.matcher() if p.constraint is not None else None
+        samplers.append(BranchSampler(plan, p, seed, head, finish, first_cut, history, matcher))
     return samplers

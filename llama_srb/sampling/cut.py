@@ -73,6 +73,12 @@ class Row:
         self._saved: tuple[Ids, Vector, Vector, float | None] | None = None
         self._max: float | None = None
 
+    def refresh(self) -> None:
+        """Read the column maxima again, after the row was changed in place."""
+        assert self._saved is None, "not while patched"
+        self.colmax = self.grid.max(axis=0)
+        self._max = None
+
     @property
     def max(self) -> float:
         """The largest logit (as patched)."""

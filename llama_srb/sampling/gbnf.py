@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from llama_srb.sampling.params import ParamError
+from llama_srb.sampling.errors import ParamError
 
 # llama.cpp's MAX_REPETITION_THRESHOLD: a larger minimum is an error, a larger maximum
 # means no maximum.

@@ -8,10 +8,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from llama_srb.sampling.constraint import Constraint
+from llama_srb.sampling.constraint import Constraint
+from llama_srb.sampling.errors import ParamError
+
+__all__ = ["ParamError", "SamplingParams"]
 
 DEFAULT_DRY_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
 
@@ -58,14 +60,6 @@ BRANCH_FIELDS = frozenset(
 Overrides = tuple[tuple[str, Any], ...]  # one branch's (field, value) pairs, sorted
 
 
-class ParamError(ValueError):
-    """A request parameter is out of range; `param` names it for the API error."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
@@ -96,7 +90,6 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()
-    grammar: str | None = None
     # The request's constraint compiled by llguidance (sampling/constraint.py), shared by
     # its branches: each takes `constraint.matcher()`.
     constraint: Constraint | None = None

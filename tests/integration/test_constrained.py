@@ -121,7 +121,7 @@ def test_logit_bias_minus_100_changes_the_greedy_token(server: RunningServer) ->
         (
             {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "?"}}}},
             "response_format",
-            "Unrecognized schema",
+            "Invalid type: ?",
         ),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
         ({"response_format": {"type": "yaml"}}, "response_format.type", "json_object"),

@@ -1,7 +1,7 @@
 """GBNF through llguidance allows what llama.cpp's own grammar sampler allows.
 
 Each grammar is walked token by token on the real vocabulary, with llama.cpp's grammar
-sampler (sampling/grammar.py's parse) and the converted grammar's llguidance matcher side
+sampler (llama_sampler_init_grammar) and the converted grammar's llguidance matcher side
 by side: at every step the two sets of allowed tokens, end-of-generation included, must be
 the same, but for two differences in tokens, never in text: where the grammar forces the
 next bytes, llguidance allows only their canonical tokens (llama.cpp also allows tokens
@@ -30,6 +30,7 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from llama_srb.bundled_model import bundled_model_path
 from llama_srb.native import Model
+from llama_srb.sampling.branch import TOKEN_DATA
 from llama_srb.sampling.constraint import (
     ConstraintKind,
     Constraints,
@@ -37,7 +38,6 @@ from llama_srb.sampling.constraint import (
     Matcher,
     constraints_for,
 )
-from llama_srb.sampling.grammar import candidates, parse_grammar, token_ids
 from llama_srb.sampling.masks import MaskBatch, allowed_tokens
 
 GRAMMARS = Path(__file__).parent.parent / "data" / "llama_cpp_grammars"
@@ -84,14 +84,23 @@ def constraints(model: Model) -> Constraints:
 
 
 class LlamaGrammar:
-    """llama.cpp's grammar sampler, asked about the whole vocabulary."""
+    """llama.cpp's own grammar sampler (what served grammars before llguidance), asked
+    about the whole vocabulary."""
 
     def __init__(self, model: Model, text: str) -> None:
-        self.grammar = parse_grammar(model, text)
+        self.grammar = C.llama_sampler_init_grammar(model.vocab, text.encode(), b"root")
+        assert self.grammar, "llama.cpp's parser refused the grammar"
         self.n_vocab = model.n_vocab
 
     def allowed(self) -> npt.NDArray[np.intp]:
-        data, array = candidates(np.zeros(self.n_vocab, np.float32), token_ids(self.n_vocab))
+        data = np.zeros(self.n_vocab, TOKEN_DATA)
+        data["id"] = np.arange(self.n_vocab)
+        array = C.llama_token_data_array(
+            data=data.ctypes.data_as(C.llama_token_data_p),
+            size=self.n_vocab,
+            selected=-1,
+            sorted=False,
+        )
         C.llama_sampler_apply(self.grammar, ctypes.byref(array))
         return np.flatnonzero(np.isfinite(data["logit"]))
 

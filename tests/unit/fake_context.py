@@ -155,11 +155,19 @@ class FakeSampler:
     """Picks the `rank`-th most likely token (0: greedy) not forbidden (nor taken, for a
     distinct opening), so branches can differ."""
 
+    matcher = None  # no grammar
+
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
         self.closed = 0
 
-    def sample(self, row: Row, forbidden: Ids | None = None, taken: set[int] | None = None) -> int:
+    def sample(
+        self,
+        row: Row,
+        forbidden: Ids | None = None,
+        taken: set[int] | None = None,
+        mask: object = None,
+    ) -> int:
         values = row.logits.copy()
         if forbidden is not None:
             values[forbidden] = -np.inf

@@ -1,14 +1,15 @@
-"""Request constraints → grammar text and logit bias, with 400-worthy errors (no model)."""
+"""Request constraints → what the output must match (compiled by llguidance later:
+tests/integration/test_constraint.py) and logit bias, with 400-worthy errors (no model)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from llama_cpp.llama_grammar import JSON_GBNF
 
-from llama_srb.api.input.params import grammar_for, logit_bias
+from llama_srb.api.input.params import ANY_JSON_OBJECT, constraint_spec, logit_bias
 from llama_srb.api.schemas.sampling import SamplingFields
+from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, closed_objects
 from llama_srb.sampling.params import ParamError
 
 SCHEMA = {
@@ -22,35 +23,50 @@ def fields(**body: Any) -> SamplingFields:
     return SamplingFields.model_validate(body)
 
 
-def test_no_constraint_no_grammar() -> None:
-    assert grammar_for(fields()) is None
-    assert grammar_for(fields(response_format={"type": "text"})) is None
+def test_no_constraint() -> None:
+    assert constraint_spec(fields()) is None
+    assert constraint_spec(fields(response_format={"type": "text"})) is None
+    assert constraint_spec(fields(grammar="")) is None  # SillyTavern's "no grammar"
 
 
-def test_json_object_uses_the_stock_json_grammar() -> None:
-    assert grammar_for(fields(response_format={"type": "json_object"})) == JSON_GBNF
+def test_json_object_asks_for_any_object() -> None:
+    spec = constraint_spec(fields(response_format={"type": "json_object"}))
+    assert spec == ConstraintSpec(ConstraintKind.JSON_SCHEMA, ANY_JSON_OBJECT, "response_format")
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "param"),
     [
-        {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "c", "schema": SCHEMA},
-            }
-        },
-        {"response_format": {"type": "json_object", "schema": SCHEMA}},  # llama.cpp's form
-        {"json_schema": SCHEMA},  # llama.cpp's extension
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "c", "schema": SCHEMA},
+                }
+            },
+            "response_format",
+        ),
+        ({"response_format": {"type": "json_object", "schema": SCHEMA}}, "response_format"),
+        ({"json_schema": SCHEMA}, "json_schema"),  # llama.cpp's extension
     ],
 )
-def test_schemas_become_gbnf(body: dict[str, Any]) -> None:
-    grammar = grammar_for(fields(**body))
-    assert grammar is not None and "root ::=" in grammar and '"\\"red\\""' in grammar
+def test_schemas_from_every_field(body: dict[str, Any], param: str) -> None:
+    assert constraint_spec(fields(**body)) == ConstraintSpec(
+        ConstraintKind.JSON_SCHEMA, SCHEMA, param
+    )
 
 
-def test_grammar_passes_through() -> None:
-    assert grammar_for(fields(grammar='root ::= "a"')) == 'root ::= "a"'
+def test_grammars_and_regular_expressions_by_their_kind() -> None:
+    gbnf = 'root ::= "a"'
+    lark = 'start: "a" | "b"'
+    assert constraint_spec(fields(grammar=gbnf)) == ConstraintSpec(
+        ConstraintKind.GBNF, gbnf, "grammar"
+    )
+    assert constraint_spec(fields(guided_grammar=lark)).kind is ConstraintKind.LARK
+    assert constraint_spec(fields(guided_grammar=gbnf)).kind is ConstraintKind.GBNF
+    regex = constraint_spec(fields(guided_regex="[0-9]{3}"))
+    assert regex == ConstraintSpec(ConstraintKind.REGEX, "[0-9]{3}", "guided_regex")
+    assert constraint_spec(fields(regex="a+")).param == "guided_regex"  # SGLang's name
 
 
 @pytest.mark.parametrize(
@@ -58,21 +74,17 @@ def test_grammar_passes_through() -> None:
     [
         ({"response_format": {"type": "json_schema"}}, "response_format", "needs `json_schema"),
         (
-            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "x"}}}},
-            "response_format",
-            "Unrecognized schema",
-        ),
-        ({"json_schema": {"$ref": "#/nowhere"}}, "json_schema", "cannot be used"),
-        (
             {"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}},
             "response_format",
             "only one of grammar, response_format",
         ),
+        ({"json_schema": SCHEMA, "guided_regex": "a"}, "guided_regex", "only one of"),
+        ({"json_schema": {"type": "array", "maxItems": 5000}}, "json_schema", "too large"),
     ],
 )
 def test_bad_constraints_say_what_is_wrong(body: dict[str, Any], param: str, words: str) -> None:
     with pytest.raises(ParamError, match=words) as error:
-        grammar_for(fields(**body))
+        constraint_spec(fields(**body))
     assert error.value.param == param
 
 
@@ -95,3 +107,21 @@ def test_bad_logit_bias(raw: dict[str, float], words: str) -> None:
     with pytest.raises(ParamError, match=words) as error:
         logit_bias(raw, n_vocab=10)
     assert error.value.param == "logit_bias"
+
+
+def test_objects_with_properties_have_no_others_as_llama_cpp_reads_a_schema() -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "properties": {"type": "object", "properties": {"a": {"type": "integer"}}},
+            "list": {"type": "array", "items": {"properties": {}}},
+        },
+        "anyOf": [{"properties": {"q": {}}, "additionalProperties": True}],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False  # a key, not a map
+    assert "additionalProperties" not in closed["properties"]  # the map of properties itself
+    assert closed["properties"]["list"]["items"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is True  # what the client said stays
+    assert "additionalProperties" not in schema  # a copy

@@ -10,8 +10,8 @@ import numpy as np
 
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.sequence import FinishReason, Request, RequestStatus
+from llama_srb.sampling.constraint import GRAMMAR_COMPLETE
 from llama_srb.sampling.cut import Ids, Row
-from llama_srb.sampling.grammar import GRAMMAR_COMPLETE
 from tests.unit.fake_context import (
     BOS,
     EOS,
@@ -148,7 +148,7 @@ def test_an_unexpected_error_in_a_step_fails_what_is_in_flight_and_keeps_serving
     broken = make_request("broken", story(40))
 
     class Broken(FakeSampler):
-        def sample(self, row: Row, forbidden: Ids | None = None, taken: object = None) -> int:
+        def sample(self, row: Row, *rest: object) -> int:
             raise RuntimeError("sampler exploded")
 
     broken.sequences[0].sampler = Broken()
@@ -253,7 +253,7 @@ def test_endings_eos_min_tokens_stop_strings_grammar_and_zero_tokens() -> None:
     class Grammar(FakeSampler):  # a grammar with nothing left to allow after two tokens
         drawn = 0
 
-        def sample(self, row: Row, forbidden: Ids | None = None, taken: object = None) -> int:
+        def sample(self, row: Row, forbidden: Ids | None = None, *rest: object) -> int:
             self.drawn += 1
             return GRAMMAR_COMPLETE if self.drawn > 2 else super().sample(row, forbidden)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llama_srb.api.input.params import schema_grammar
+from llama_srb.api.input.params import constraint_spec
+from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.sampling.grammar import (
     MAX_GRAMMAR_DEPTH,
     MAX_GRAMMAR_REPEAT,
@@ -43,14 +44,17 @@ def test_grammars_beyond_the_limits_are_refused(grammar: str, says: str) -> None
         check_grammar(grammar)
 
 
-def test_schema_keywords_that_expand_into_repetition_are_bounded() -> None:
+def test_schema_keywords_that_ask_for_many_items_are_bounded() -> None:
+    def spec(schema: object) -> object:
+        return constraint_spec(SamplingFields.model_validate({"json_schema": schema}))
+
     nested = {"type": "object", "properties": {"a": {"type": "array", "maxItems": 5000}}}
     with pytest.raises(ParamError, match="maxItems: 5000"):
-        schema_grammar(nested, "json_schema")
-    schema_grammar({"type": "string", "maxLength": MAX_GRAMMAR_REPEAT}, "json_schema")
+        spec(nested)
+    spec({"type": "string", "maxLength": MAX_GRAMMAR_REPEAT})
     for odd in (1e9, "1000", -1, True):
         with pytest.raises(ParamError, match="must be an integer"):
-            schema_grammar({"type": "array", "maxItems": odd}, "json_schema")
+            spec({"type": "array", "maxItems": odd})
 
 
 @pytest.mark.parametrize(

@@ -1,27 +1,22 @@
 """A request's fields → the engine's SamplingParams, and with its prompts' tokens the
 engine requests themselves (sampler chains built: a worker thread's job). The params are
 the sampler settings, the default length (what fits), and what constrains the output: a
-grammar (GBNF, JSON, a JSON schema) and logit bias. Each route's own fields (chat's,
-llama.cpp's) are read in input/chat.py and input/native.py, which end here.
+grammar (GBNF, Lark, a regular expression, a JSON schema) and logit bias. Each route's own
+fields (chat's, llama.cpp's) are read in input/chat.py and input/native.py, which end here.
 
 Checked while the request is prepared, so that a bad schema or bias is a 400 that says
-what is wrong before anything is queued. Every constraint (a schema, GBNF, Lark, a
-regular expression) is compiled by llguidance here (`SamplingParams.constraint`,
-sampling/constraint.py); schemas and GBNF also become the GBNF text that llama.cpp's
-grammar sampler enforces per branch (`SamplingParams.grammar`; the JSON-schema→GBNF
-converter is the one llama-cpp-python ships) until the engine samples with the former.
+what is wrong before anything is queued. Every constraint is compiled by llguidance here
+(`SamplingParams.constraint`, sampling/constraint.py), and each branch then follows it
+with a matcher of its own.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
-
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.prompts import Prompt
@@ -47,7 +42,6 @@ def request_params(
     spec = constraint_spec(body)
     params = body.sampling_params(
         logit_bias=logit_bias(body.logit_bias, model.n_vocab, _text_tokens(model)),
-        grammar=grammar_for(body),
         constraint=constraints_for(model).compile(spec) if spec is not None else None,
         **overrides,
     )
@@ -154,6 +148,7 @@ def constraint_spec(body: SamplingFields) -> ConstraintSpec | None:
         return None
     param, value = given[0]
     if isinstance(value, dict):
+        _check_repetitions(value, param)
         return ConstraintSpec(ConstraintKind.JSON_SCHEMA, value or ANY_JSON_OBJECT, param)
     if param == "guided_regex":
         return ConstraintSpec(ConstraintKind.REGEX, value, param)
@@ -171,22 +166,6 @@ def is_lark(grammar: str) -> bool:
     return re.search(r"(?m)^\s*(%llguidance\b|start\s*:)", grammar) is not None
 
 
-def grammar_for(body: SamplingFields) -> str | None:
-    """GBNF text for llama.cpp's grammar sampler, from `grammar`, `response_format` or
-    `json_schema`, if any was given (constraint_spec checks that only one was). None
-    for the constraints that sampler cannot take: regular expressions and Lark."""
-    spec = constraint_spec(body)
-    if spec is None or spec.kind in (ConstraintKind.REGEX, ConstraintKind.LARK):
-        return None
-    if spec.kind is ConstraintKind.GBNF:
-        assert isinstance(spec.source, str)
-        return None if spec.source.startswith("%llguidance") else spec.source
-    assert isinstance(spec.source, dict)
-    if spec.source == ANY_JSON_OBJECT:  # llama-cpp-python's stock JSON grammar
-        return JSON_GBNF
-    return schema_grammar(spec.source, spec.param)
-
-
 def _json_format(body: SamplingFields) -> dict[str, Any] | None:
     """The schema `response_format` asks for: None for text, {} for any JSON object."""
     fmt = body.response_format
@@ -202,18 +181,8 @@ def _json_format(body: SamplingFields) -> dict[str, Any] | None:
     return fmt.json_schema.schema_
 
 
-# Schema keywords the converter expands into one nested grammar rule per item.
+# Schema keywords that ask for that many items, each a step of the grammar.
 _REPEATING_KEYWORDS = ("minLength", "maxLength", "minItems", "maxItems")
-
-
-def schema_grammar(schema: dict[str, Any], param: str) -> str:
-    """A JSON schema as GBNF; ParamError with the converter's reason when it cannot be."""
-    _check_repetitions(schema, param)
-    try:
-        return json_schema_to_gbnf(json.dumps(schema))
-    except Exception as exc:  # the converter asserts; any failure means an unusable schema
-        reason = str(exc) or type(exc).__name__
-        raise ParamError(param, f"the JSON schema cannot be used: {reason}") from None
 
 
 def _check_repetitions(schema: object, param: str) -> None:

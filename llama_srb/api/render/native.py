@@ -268,9 +268,16 @@ def generation_settings(params: SamplingParams, options: NativeOptions) -> dict[
         "n_probs": options.n_probs,
         "min_keep": 0,
         "min_tokens": params.min_tokens,
-        "grammar": params.grammar or "",
+        "grammar": _constraint_text(params),
         "samplers": list(options.samplers or DEFAULT_ORDER),
         "post_sampling_probs": options.post_sampling_probs,
         "timings_per_token": False,
         "n": options.n,
     }
+
+
+def _constraint_text(params: SamplingParams) -> str:
+    """The grammar a result was constrained by, as the client wrote it (a JSON schema's
+    grammar is llguidance's own, not reported)."""
+    source = params.constraint.spec.source if params.constraint is not None else ""
+    return source if isinstance(source, str) else ""
