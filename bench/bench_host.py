@@ -30,8 +30,10 @@ from llama_srb.api.schemas import dialects
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
-from llama_srb.engine.engine import Engine, build_request
+from llama_srb.engine.build import build
+from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.spec import RequestSpec
 from llama_srb.loader import model_options
 from llama_srb.native import Batch, Context, ContextOptions, Model
 
@@ -88,14 +90,14 @@ def run(
     engine = Engine(model, ctx, budget, tokens_per_call=0)
     params = request_params(model, {**body, "seed": seed}, tokens)
     prompt = model.tokenize(STORY)[:32]
-    engine.add(build_request(model, f"bench-{n}-{seed}", prompt, params, n))
-    steps = sampled = 0
+    engine.add(build(model, RequestSpec(prompt, params, n)).take())
+    steps = 0
     started = time.perf_counter()
     while engine.has_work:
-        for output in engine.step():
-            sampled = output.completion_tokens
+        engine.step()
         steps += 1
     elapsed = time.perf_counter() - started
+    sampled = engine.stats.generated_tokens  # a greedy request decodes one branch for all
     engine.close()
     return elapsed, steps, sampled
 

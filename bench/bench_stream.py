@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -35,12 +36,10 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.api.input.prompts import Prompt
-from llama_srb.api.render.choices import gather
-from llama_srb.api.render.completions import CompletionStream, completion_choices
+from llama_srb.api.render.completions import CompletionAnswer
 from llama_srb.api.render.native import NativeCall, NativeOptions
-from llama_srb.api.schemas.completions import Completion, CompletionChoice, CompletionRequest
-from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
-from llama_srb.engine.sequence import FinishReason
+from llama_srb.engine.outputs import ChoiceDelta, RequestOutput, RequestTimes
+from llama_srb.engine.request import FinishReason
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.testing import RunningServer, run_server
 
@@ -142,7 +141,11 @@ def made_up_outputs(n: int, steps: int) -> list[RequestOutput]:
         last = step == steps - 1
         reason = FinishReason.LENGTH if last else None
         choices = [ChoiceDelta(i, " word", [1234], reason) for i in range(n)]
-        outputs.append(RequestOutput("cmpl-x", choices, 256, n * (step + 1), finished=last))
+        outputs.append(
+            RequestOutput(
+                "cmpl-x", choices, n, 256, n * (step + 1), RequestTimes(0.0), finished=last
+            )
+        )
     return outputs
 
 
@@ -159,17 +162,13 @@ async def _drain(events: AsyncIterator[str]) -> None:
 def api_costs(n: int, steps: int, repeat: int) -> dict[str, float]:
     """Seconds each mode's formatting takes for the whole request (best of `repeat`)."""
     prompts = [Prompt([2] * 256, "x" * 1000)]
-    body = CompletionRequest(prompt="x", n=n, max_tokens=steps)
+    answer = CompletionAnswer("cmpl-x", 0, "m", False, n, None, prompts=prompts)
 
     async def plain(outputs: list[RequestOutput]) -> None:
-        result = await gather(_feed(outputs), 1, n)
-        choices: list[CompletionChoice] = completion_choices(result, prompts, body, None)
-        usage = result.usage.usage()
-        Completion(id="x", created=0, model="m", choices=choices, usage=usage).model_dump_json()
+        json.dumps(await answer.collect(_feed(outputs)))
 
     async def openai_stream(outputs: list[RequestOutput]) -> None:
-        stream = CompletionStream("cmpl-x", 0, "m", False, n, None, prompts=prompts)
-        await _drain(stream.events(_feed(outputs)))
+        await _drain(answer.events(_feed(outputs)))
 
     async def native_stream(outputs: list[RequestOutput]) -> None:
         options = NativeOptions("m", n, stream=True)

@@ -17,16 +17,14 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llama_srb.api.deps import State
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import ConnectionsCollector, EngineCollector, WatchdogCollector
 from llama_srb.api.middleware import install_middleware
-from llama_srb.api.routes.chat import chat_router
-from llama_srb.api.routes.completions import completions_router
-from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest, dialects_router
+from llama_srb.api.routes import chat, completions, dialects, models, native, tokenize
+from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest
 from llama_srb.api.routes.kobold import kobold_router
-from llama_srb.api.routes.models import models_router
-from llama_srb.api.routes.native import native_router
-from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest, tokenize_router
+from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
 from llama_srb.api.schemas.kobold import KoboldGenerateRequest, TokenCountRequest
@@ -58,7 +56,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_middleware(app, state, open_paths)
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(state: State) -> JSONResponse:
         if state.engine_failure is not None:  # the process is about to exit
             return JSONResponse({"status": "error", "error": state.engine_failure}, 503)
         if state.loaded is None:
@@ -68,13 +66,13 @@ def create_app(settings: Settings) -> FastAPI:
         if step is not None:  # a liveness probe restarts the replica
             error = (
                 f"the engine has been in one step for {time.monotonic() - step.started:.0f} s"
-                f" (over --stuck-after {settings.stuck_after:g} s)"
+                f" (over --stuck-after {state.settings.stuck_after:g} s)"
             )
             body = {"status": "stuck", "error": error, "requests": list(step.request_ids)}
             return JSONResponse(body, status_code=503)
         if state.draining:  # tell load balancers to stop sending work here
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": settings.model_name})
+        return JSONResponse({"status": "ok", "model": state.settings.model_name})
 
     registry = state.metrics.registry
     registry.register(
@@ -84,23 +82,21 @@ def create_app(settings: Settings) -> FastAPI:
     registry.register(ConnectionsCollector(state.connections))
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(state: State) -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")
-    v1.include_router(models_router(state))
-    v1.include_router(completions_router(state))
-    v1.include_router(chat_router(state))
-    v1.include_router(tokenize_router(state))
+    for router in (models.router, completions.router, chat.router, tokenize.router):
+        v1.include_router(router)
     app.include_router(v1)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there,
     # and its own completion API (/completion, /props).
-    app.include_router(tokenize_router(state))
-    app.include_router(native_router(state))
+    app.include_router(tokenize.router)
+    app.include_router(native.router)
     # TabbyAPI's and text-generation-webui's model and token routes, under /v1.
-    app.include_router(dialects_router(state))
+    app.include_router(dialects.router)
     # KoboldCpp's API (KoboldAI Lite, Mikupad's KoboldCpp mode), under /api.
-    app.include_router(kobold_router(state))
+    app.include_router(kobold_router())
     document_bodies(
         app,
         [

@@ -15,8 +15,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from llama_srb.api.connections import CUT_REASONS, OpenConnections
-from llama_srb.engine.engine import EngineSnapshot
 from llama_srb.engine.histogram import Histogram as EngineHistogram
+from llama_srb.engine.stats import EngineSnapshot
 from llama_srb.engine.watch import Watchdog
 
 # Seconds from arrival to the first token, queueing and prefill included.

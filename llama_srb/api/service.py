@@ -1,7 +1,8 @@
-"""A generation request's way through the server, for every route: the cheap checks before
-anything is built (input/params.py builds the engine requests), then `submit`: the engine
-requests submitted and their outputs as one stream, each request logged once it ends; a
-disconnect aborts them.
+"""A generation request's way through the server, for every route (routes/generate.py
+strings it together): the cheap checks before anything is built, then `submit`: the
+requests handed to the engine and their outputs as one stream, each request logged once
+it ends; a disconnect aborts them. After `submit` the API knows a request by its id and
+its outputs only (engine/build.py).
 
 Refusals come before anything is built, so they cost nothing: a full queue, the server's
 or the client's own (429), a shutdown or a stuck engine (503). Admission itself (live
@@ -31,10 +32,11 @@ from llama_srb.api.errors import APIError
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.api.state import AppState
+from llama_srb.engine.build import Submission
 from llama_srb.engine.generation import Interrupted, RequestTimedOut
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.runtime import Runtime
-from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.engine.spec import RequestSpec
 from llama_srb.loader import LoadedEngine
 from llama_srb.native import Model
 
@@ -131,18 +133,21 @@ def _check_best_of(body: SamplingFields, max_n: int) -> None:
         )
 
 
+Merged = AsyncIterator[tuple[int, RequestOutput]]  # a call's outputs, by prompt position
+
+
 def submit(
-    state: AppState, requests: Sequence[EngineRequest], caller: Caller
-) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Submit every request of a call now (the queue bound counts them at once), as the
-    caller's: their outputs as one stream, each tagged with its request's position in
-    `requests` and logged on its way (RequestLog)."""
+    state: AppState, submissions: Sequence[Submission], caller: Caller | None = None
+) -> Merged:
+    """Hand every request of a call to the engine now (the queue bound counts them at
+    once): their outputs as one stream, each tagged with its request's position in
+    `submissions` and logged on its way (RequestLog)."""
     settings, loaded = state.settings, state.ready()
     timeout = settings.request_timeout or None
-    for request in requests:
-        request.client = caller.client
-    generations = [loaded.runtime.generate(request, timeout=timeout) for request in requests]
-    log = RequestLog(state.metrics, loaded.model, settings.log_prompts, requests, caller)
+    records = [RequestRecord(s.request_id, s.spec) for s in submissions]
+    generations = [loaded.runtime.generate(s, timeout=timeout) for s in submissions]
+    key = caller.key if caller is not None else None
+    log = RequestLog(state.metrics, loaded.model, settings.log_prompts, records, key)
     return merge(generations, log)
 
 
@@ -233,15 +238,20 @@ async def until_disconnect(http: Request, work: Awaitable[T]) -> T:
 
 @dataclass
 class RequestRecord:
-    request: EngineRequest
+    """One engine request as its outputs told it: the log line and the latency metrics."""
+
+    request_id: str
+    spec: RequestSpec
+    last: RequestOutput | None = None
     reasons: list[str | None] = field(default_factory=list)
     outcome: str = "cancelled"  # until a final output or an interruption says otherwise
     error: str | None = None
     ended: bool = False
 
     def observe(self, output: RequestOutput) -> None:
+        self.last = output
         if not self.reasons:
-            self.reasons = [None] * self.request.n
+            self.reasons = [None] * output.n_choices
         for delta in output.choices:
             if delta.finish_reason is not None:
                 self.reasons[delta.index] = delta.finish_reason.value
@@ -250,27 +260,35 @@ class RequestRecord:
             self.error = output.error
 
     def line(self, prompt_text: str | None, key: str | None) -> str:
-        request = self.request
-        first = request.first_token_at
+        last, spec = self.last, self.spec
+        times = last.times if last is not None else None
+        arrival = times.arrival if times is not None else None
+        first = times.first_token if times is not None else None
         fields: dict[str, object] = {
             "event": "request",
-            "id": request.request_id,
-            "client": request.client,
+            "id": self.request_id,
+            "client": spec.client,
             "key": key,
             "outcome": self.outcome,
-            "n": request.n,
-            "prompt_tokens": request.prompt_len,
-            "cached_tokens": request.n_cached,
-            "generated_tokens": request.completion_tokens,
-            "ttft_ms": None if first is None else round((first - request.arrival) * 1000, 1),
-            "total_ms": round((time.monotonic() - request.arrival) * 1000, 1),
-            "finish_reasons": self.reasons or [None] * request.n,
+            "n": spec.n_choices,
+            "best_of": spec.best_of,
+            "prompt_tokens": len(spec.prompt),
+            "cached_tokens": last.cached_tokens if last is not None else 0,
+            "generated_tokens": last.completion_tokens if last is not None else 0,
+            "queue_ms": _ms(times.queue_wait) if times is not None else None,
+            "ttft_ms": None if first is None or arrival is None else _ms(first - arrival),
+            "total_ms": None if arrival is None else _ms(time.monotonic() - arrival),
+            "finish_reasons": self.reasons or [None] * spec.n_choices,
         }
         if self.error:
             fields["error"] = self.error
         if prompt_text is not None:
             fields["prompt"] = prompt_text
         return json.dumps(fields, ensure_ascii=False)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
 class RequestLog:
@@ -282,20 +300,22 @@ class RequestLog:
         metrics: ServerMetrics,
         model: Model,
         log_prompts: bool,
-        requests: Sequence[EngineRequest],
-        caller: Caller | None = None,
+        records: list[RequestRecord],
+        key: str | None = None,
     ) -> None:
         self.metrics = metrics
         self.model = model
         self.log_prompts = log_prompts
-        self.records = [RequestRecord(request) for request in requests]
-        self.key = caller.key if caller is not None else None
+        self.records = records
+        self.key = key
 
     def observe(self, position: int, output: RequestOutput) -> None:
         record = self.records[position]
-        if not record.reasons:  # the first output carries the first tokens
-            self._first_token(record.request)
+        before = record.last.times.first_token if record.last is not None else None
         record.observe(output)
+        first = output.times.first_token
+        if before is None and first is not None:
+            self.metrics.time_to_first_token.observe(first - output.times.arrival)
         if output.finished:
             self._end(record)
 
@@ -311,19 +331,17 @@ class RequestLog:
         for record in self.records:
             self._end(record)
 
-    def _first_token(self, request: EngineRequest) -> None:
-        if request.first_token_at is not None:
-            self.metrics.time_to_first_token.observe(request.first_token_at - request.arrival)
-
     def _end(self, record: RequestRecord) -> None:
         if record.ended:
             return
         record.ended = True
-        request = record.request
-        self.metrics.request_duration.observe(time.monotonic() - request.arrival)
+        last = record.last
+        if last is not None:
+            self.metrics.request_duration.observe(time.monotonic() - last.times.arrival)
         self.metrics.requests_ended.labels(record.outcome).inc()
         if self.key is not None:
+            tokens = last.completion_tokens if last is not None else 0
             self.metrics.key_requests.labels(self.key, record.outcome).inc()
-            self.metrics.key_tokens.labels(self.key).inc(request.completion_tokens)
-        prompt = self.model.text(request.prompt) if self.log_prompts else None
+            self.metrics.key_tokens.labels(self.key).inc(tokens)
+        prompt = self.model.text(record.spec.prompt) if self.log_prompts else None
         log.info("%s", record.line(prompt, self.key))

@@ -1,29 +1,21 @@
-"""Off the event loop: worker threads for the heavy part of a request, and its body parsed
-on them.
-
-Parsing a body of megabytes (a story to tokenize, a vocabulary-wide logit_bias),
-tokenizing it, parsing a grammar, converting a JSON schema and building n sampler chains
-take from milliseconds to seconds; on the event loop they would freeze every other client
-(`/health` included). The threads have the big stack llama.cpp's recursive grammar parser
-needs (native.py). pydantic parses the raw bytes there (its JSON parser also refuses lone
-UTF-16 surrogates, which are not text); since FastAPI no longer reads the body itself,
-routes declare its model for the OpenAPI document with `body_spec`.
+"""Off the event loop: worker threads for the heavy part of a request (its body parsed:
+api/deps.py; tokenizing it, compiling a grammar, building n sampler chains), from
+milliseconds to seconds each; on the event loop they would freeze every other client
+(`/health` included). The threads have the big stack that compiling a deeply nested
+grammar needs (native.py). And the request bodies' models in the OpenAPI document.
 """
 
 from __future__ import annotations
 
 import asyncio
 import queue
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect
+from fastapi import FastAPI
+from pydantic import BaseModel
 
-from llama_srb.api.errors import APIError
 from llama_srb.native import native_thread
 
 T = TypeVar("T")
@@ -69,23 +61,6 @@ class Workers:
 def _discard_result(future: Future[T], discard: Callable[[T], None]) -> None:
     if not future.cancelled() and future.exception() is None:
         discard(future.result())
-
-
-def parsed(model: type[M]) -> Callable[[Request], Awaitable[M]]:
-    """A FastAPI dependency: the body as `model`, or a RequestValidationError (a 400)."""
-
-    async def parse(http: Request) -> M:
-        try:
-            raw = await http.body()
-        except ClientDisconnect:  # gone before its body arrived: nobody to answer
-            raise APIError(499, "the client disconnected") from None
-        workers = http.app.state.srb.workers
-        try:
-            return await workers.run(lambda: model.model_validate_json(raw))
-        except ValidationError as exc:
-            raise RequestValidationError(exc.errors(include_url=False)) from None
-
-    return parse
 
 
 def body_spec(model: type[BaseModel]) -> dict[str, Any]:

@@ -9,22 +9,21 @@ stopped first. The chosen branches come best first, as choices 0..n-1.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
-from llama_srb.engine.outputs import ChoiceDelta
-from llama_srb.engine.sequence import Request, RequestStatus, Sequence
+from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar
+from llama_srb.engine.request import Branch, Request, RequestStatus
 
 
-def mean_logprob(seq: Sequence) -> float:
-    if not seq.scores:
+def mean_logprob(branch: Branch) -> float:
+    if not branch.scores:
         return -math.inf
-    return math.fsum(s.logprob for s in seq.scores) / len(seq.scores)
+    return math.fsum(s.logprob for s in branch.scores) / len(branch.scores)
 
 
 def ranked(request: Request, n: int) -> list[int]:
     """The indexes of the request's `n` best branches, best first."""
-    order = sorted(request.sequences, key=lambda s: (-mean_logprob(s), s.index))
-    return [seq.index for seq in order[:n]]
+    order = sorted(request.branches, key=lambda s: (-mean_logprob(s), s.index))
+    return [branch.index for branch in order[:n]]
 
 
 class BestOf:
@@ -33,21 +32,19 @@ class BestOf:
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self._choices: dict[int, ChoiceDelta] = {}
+        self._choices: dict[int, ChoiceSoFar] = {}
 
     def collect(self, request: Request, choices: list[ChoiceDelta]) -> list[ChoiceDelta]:
         for delta in choices:
-            whole = self._choices.setdefault(delta.index, ChoiceDelta(delta.index))
-            whole.text += delta.text
-            whole.token_ids.extend(delta.token_ids)
-            if delta.logprobs:
-                if whole.logprobs is None:
-                    whole.logprobs = []
-                whole.logprobs.extend(delta.logprobs)
-            whole.finish_reason = delta.finish_reason or whole.finish_reason
+            self._choices.setdefault(delta.index, ChoiceSoFar(delta.index)).add(delta)
         if request.status is not RequestStatus.FINISHED:
             return []
         return [
-            replace(self._choices.get(index, ChoiceDelta(index)), index=rank)
+            self._whole(self._choices.get(index, ChoiceSoFar(index)), rank)
             for rank, index in enumerate(ranked(request, self.n))
         ]
+
+    @staticmethod
+    def _whole(choice: ChoiceSoFar, rank: int) -> ChoiceDelta:
+        logprobs = choice.logprobs or None
+        return ChoiceDelta(rank, choice.text, choice.token_ids, choice.finish_reason, logprobs)

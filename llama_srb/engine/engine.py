@@ -2,98 +2,40 @@
 
 Single-threaded by design: only the engine thread (runtime.py) calls into it. Every call
 that can end a request (`step`, `add`, `abort`, `fail`, `fail_all`) returns the outputs it
-produced; the runtime delivers them to their readers.
+produced; the runtime delivers them to their readers. Who writes what: the scheduler every
+status and KV grant (engine/scheduler.py), the branch step every branch's tokens and text
+(engine/branch_step.py), this module the counters; every change to llama.cpp's KV cache
+comes back from them as KvOps, applied here.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-import random
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 
-from llama_srb.engine.best_of import BestOf
+from llama_srb.engine.branch_step import BranchStep, scores_of
 from llama_srb.engine.context import DecodeContext, Vocabulary
-from llama_srb.engine.histogram import GAP_BUCKETS, HOST_BUCKETS, WAIT_BUCKETS, Histogram
-from llama_srb.engine.kv import KvBudget, KvOp
-from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.engine.kv import KvBudget, KvOp, Shortage
+from llama_srb.engine.outputs import ChoiceDelta, FinishReason, RequestOutput
 from llama_srb.engine.pacing import StepPacer
-from llama_srb.engine.scheduler import PrefillChunk, Scheduler, StepPlan
-from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.engine.request import Branch, Request, RequestStatus
+from llama_srb.engine.scheduler import DecodeCall, PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.share import ShareRules
+from llama_srb.engine.stats import EngineSnapshot, EngineStats
 from llama_srb.engine.watch import StepWatch
-from llama_srb.native import Batch, DecodeError, Model
-from llama_srb.sampling.banned import Bans
-from llama_srb.sampling.branch import build_samplers
-from llama_srb.sampling.constraint import GRAMMAR_COMPLETE
+from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Row, column_maxima
 from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.masks import Bitmask, MaskBatch
-from llama_srb.sampling.params import SamplingParams
-from llama_srb.sampling.text import TextStream
 
 log = logging.getLogger(__name__)
 
-
-class Rewind(enum.Enum):
-    """What a branch does after a banned phrase took it back (Engine._rewind)."""
-
-    NOW = "now"  # draw again from this step's row
-    FIRST = "first"  # back to its start: draw again from the prompt's last row, kept
-    LATER = "later"  # its last kept token is decoded again first
-    END = "end"  # a bound was reached: it ends before the phrase
-
-
-@dataclass
-class EngineStats:
-    """Monotonic counters, read by /metrics and by tests (plain ints: no hot-path cost)."""
-
-    steps: int = 0
-    prompt_tokens_evaluated: int = 0  # prompt tokens actually run through llama_decode
-    generated_tokens: int = 0
-    decode_seconds: float = 0.0
-    prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
-    decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
-    # Per step, the engine thread's time outside llama_decode: what a fast GPU exposes.
-    host_step_seconds: Histogram = field(default_factory=lambda: Histogram(HOST_BUCKETS))
-    # Per stream: from one output with tokens to its next (what a reader feels as a stall).
-    token_gap_seconds: Histogram = field(default_factory=lambda: Histogram(GAP_BUCKETS))
-    # From arrival to admission (a seq id and cells granted), per request.
-    queue_wait_seconds: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
-    # Steps whose head-of-queue request waited, by what it lacked.
-    steps_short_of_sequences: int = 0
-    steps_short_of_cells: int = 0
-
-    def copy(self) -> EngineStats:
-        """A copy whose histograms the engine thread will not change."""
-        return replace(
-            self,
-            decode_step_seconds=self.decode_step_seconds.copy(),
-            host_step_seconds=self.host_step_seconds.copy(),
-            token_gap_seconds=self.token_gap_seconds.copy(),
-            queue_wait_seconds=self.queue_wait_seconds.copy(),
-        )
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """The engine's counters and gauges as of its last step. The engine thread publishes a
-    new one after every step; other threads (/metrics) read only these, never the live
-    bookkeeping, which the engine thread changes (and memoizes) as it goes."""
-
-    stats: EngineStats = field(default_factory=EngineStats)
-    requests_running: int = 0
-    requests_waiting: int = 0
-    sequences_running: int = 0
-    kv_cells_reserved: int = 0
-    kv_cells_used: int = 0
-    kv_cells_cached: int = 0
-    kv_cells_total: int = 0
+Sampled = dict[int, tuple[Request, list[ChoiceDelta]]]  # by id(request), in plan order
 
 
 class Engine:
@@ -119,9 +61,8 @@ class Engine:
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
-        self._eog = np.unique(np.array(model.eog_tokens, dtype=np.int64))
-        self._eog_set = frozenset(model.eog_tokens)  # per-token check without a C call
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
+        self.branch_step = BranchStep(model.eog_tokens, self._masks)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
     def close(self) -> None:
@@ -162,17 +103,17 @@ class Engine:
     # -- the step ----------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Run one decode step and return the outputs it produced (often none: a step
-        that only prefills, or one with nothing to do)."""
+        """Run one decode step and return the outputs it produced: its admissions, the
+        progress of long prompts, and every branch's new text."""
         started, decoding = time.perf_counter(), self.stats.decode_seconds
         plan = self.scheduler.schedule()
         self._observe_admission(plan)
         self._apply(plan.kv_ops)
-        outputs: list[RequestOutput] = []
+        outputs = [self._output(request, [], admitted=True) for request in plan.admitted]
         if not plan.empty:
             self.watch.begin(r.request_id for r in plan.requests)
             try:
-                outputs = self._run(plan)
+                outputs += self._run(plan)
             except Exception as exc:  # keep serving: fail what was in flight, not the server
                 log.exception("engine step failed")
                 outputs += self.fail_all(f"engine error: {exc}")
@@ -187,7 +128,8 @@ class Engine:
         """Decode the plan's calls, each sampled before the next overwrites its logits;
         then what was sampled ends branches and requests, or goes out."""
         failed: list[RequestOutput] = []
-        sampled: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
+        progress: list[RequestOutput] = []
+        sampled: Sampled = {}
         seconds = 0.0
         for call in plan.calls(self.tokens_per_call):
             try:
@@ -197,8 +139,11 @@ class Engine:
                 continue
             seconds += elapsed
             self._apply(self.scheduler.prefilled(call))
-            for request, error in self._sample(call, chunk_rows, sampled):
+            broken, rewinds = self._sample(call, chunk_rows, sampled)
+            self._apply(rewinds)
+            for request, error in broken:
                 failed += self.fail([request], error)
+            progress += [self._progress(c) for c in call.prefill if not c.completes_prompt]
         self.stats.steps += 1
         n_prefill = plan.n_tokens - len(plan.decode)
         self.pacer.observe(len(plan.decode), n_prefill, seconds)
@@ -207,11 +152,12 @@ class Engine:
         outputs = [self._output(request, choices) for request, choices in steps]
         self._apply(ops)
         self._observe_gaps(outputs)
-        return failed + outputs
+        return failed + progress + outputs
 
     def publish_snapshot(self) -> None:
         """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
         scheduler, budget = self.scheduler, self.scheduler.budget
+        self.stats.generated_tokens = self.branch_step.drawn
         self.snapshot = EngineSnapshot(
             stats=self.stats.copy(),
             requests_running=len(scheduler.running),
@@ -223,14 +169,14 @@ class Engine:
             kv_cells_total=budget.n_cells,
         )
 
-    def _decode(self, call: StepPlan) -> tuple[list[int], float]:
+    def _decode(self, call: DecodeCall) -> tuple[list[int], float]:
         """One llama_decode call: the decode rows first (output row i is the call's i-th),
         then the prompt chunks. Returns each chunk's last output row (-1: none), and the
         seconds llama_decode took."""
         batch = self.batch
         batch.clear()
-        for request, seq in call.decode:
-            batch.add(seq.tokens[-1], self._pos(request, seq), seq.seq_id, True)
+        for request, branch in call.decode:
+            batch.add(branch.tokens[-1], self._pos(request, branch), branch.seq_id, True)
         chunk_rows = []
         for chunk in call.prefill:
             request = chunk.request
@@ -253,12 +199,13 @@ class Engine:
         return chunk_rows, elapsed
 
     def _observe_admission(self, plan: StepPlan) -> None:
-        now = time.monotonic()
         for request in plan.admitted:
-            self.stats.queue_wait_seconds.observe(now - request.arrival)
-        if plan.blocked == "sequences":
+            wait = request.times.queue_wait
+            if wait is not None:
+                self.stats.queue_wait_seconds.observe(wait)
+        if plan.blocked is Shortage.SEQUENCES:
             self.stats.steps_short_of_sequences += 1
-        elif plan.blocked == "cells":
+        elif plan.blocked is Shortage.CELLS:
             self.stats.steps_short_of_cells += 1
 
     def _observe_gaps(self, outputs: list[RequestOutput]) -> None:
@@ -273,20 +220,20 @@ class Engine:
             if output.finished:
                 self._last_output_at.pop(output.request_id, None)
 
+    # -- sampling a call's rows ----------------------------------------------------------
+
     def _sample(
-        self,
-        call: StepPlan,
-        chunk_rows: list[int],
-        sampled: dict[int, tuple[Request, list[ChoiceDelta]]],
-    ) -> list[tuple[Request, str]]:
+        self, call: DecodeCall, chunk_rows: list[int], sampled: Sampled
+    ) -> tuple[list[tuple[Request, str]], list[KvOp]]:
         """Every branch with logits in this call samples its next token; per request, in
         plan order, the deltas of its branches join `sampled`. The rows are read once for
         all of them, into their column maxima (sampling/cut.py), and the grammars' masks
         are computed for all of them in one call. Returns the requests whose grammar
-        failed (a limit of its work per token), to end with their error."""
+        failed (a limit of its work per token), to end with their error, and the KV
+        changes the branches' rewinds need."""
         logits = self.ctx.logits()
         if not len(logits):
-            return []
+            return [], []
         maxima = column_maxima(logits)
         forks = [
             (chunk.request, last)
@@ -295,9 +242,19 @@ class Engine:
         ]
         masks = self._grammar_masks(call, forks)
         broken = self._broken(masks)
+        rewinds: list[KvOp] = []
+        step = self.branch_step
 
-        def deltas(request: Request) -> list[ChoiceDelta]:
-            return sampled.setdefault(id(request), (request, []))[1]
+        def next_delta(
+            request: Request,
+            branch: Branch,
+            row: Row,
+            scores: RowScores | None,
+            taken: set[int] | None,
+        ) -> None:
+            delta, ops = step.next(request, branch, row, scores, taken, masks.get(id(branch)))
+            sampled.setdefault(id(request), (request, []))[1].append(delta)
+            rewinds.extend(ops)
 
         for chunk, last in zip(call.prefill, chunk_rows, strict=True):
             if chunk.request.prompt_logprobs:
@@ -307,36 +264,29 @@ class Engine:
                 continue
             self.stats.prompt_tokens_cached += request.n_cached
             row = Row(logits[last], maxima[last])
-            if request.params.banned_strings:  # kept for rewinds to a branch's start
-                request.first_row = (row.logits.copy(), row.colmax.copy())
-            scores = self._scores(request, row)
+            step.fork(request, row)
+            scores = scores_of(request, row)
             # distinct_openings: each branch's first token is one no earlier one drew
             taken: set[int] | None = set() if request.params.distinct_openings else None
-            out = deltas(request)
-            for seq in request.sequences:
-                mask = masks.get(id(seq))
-                out.append(self._next_delta(request, seq, row, scores, taken, mask))
-        for i, (request, seq) in enumerate(call.decode):
-            if id(request) in broken:
-                continue
-            row = Row(logits[i], maxima[i])
-            scores = self._scores(request, row)
-            deltas(request).append(
-                self._next_delta(request, seq, row, scores, None, masks.get(id(seq)))
-            )
-        return list(broken.values())
+            for branch in request.branches:
+                next_delta(request, branch, row, scores, taken)
+        for i, (request, branch) in enumerate(call.decode):
+            if id(request) not in broken:
+                row = Row(logits[i], maxima[i])
+                next_delta(request, branch, row, scores_of(request, row), None)
+        return list(broken.values()), rewinds
 
     def _grammar_masks(
-        self, call: StepPlan, forks: list[tuple[Request, int]]
+        self, call: DecodeCall, forks: list[tuple[Request, int]]
     ) -> dict[int, Bitmask]:
         """The next tokens each constrained branch of this call's rows may take, by branch
         (llguidance, in one call for all of them, on its own threads)."""
-        branches = [seq for request, _ in forks for seq in request.sequences]
-        branches += [seq for _, seq in call.decode]
+        branches = [branch for request, _ in forks for branch in request.branches]
+        branches += [branch for _, branch in call.decode]
         matchers = {
-            id(seq): seq.sampler.matcher
-            for seq in branches
-            if seq.sampler is not None and seq.sampler.matcher is not None
+            id(branch): branch.sampler.matcher
+            for branch in branches
+            if branch.sampler is not None and branch.sampler.matcher is not None
         }
         if not matchers:
             return {}
@@ -347,23 +297,14 @@ class Engine:
         """The requests one of whose branches' grammar went past a limit just now."""
         broken: dict[int, tuple[Request, str]] = {}
         for request in self.scheduler.running:
-            for seq in request.live:
-                matcher = seq.sampler.matcher if seq.sampler is not None else None
-                if id(seq) in masks and matcher is not None and matcher.error:
+            for branch in request.live:
+                matcher = branch.sampler.matcher if branch.sampler is not None else None
+                if id(branch) in masks and matcher is not None and matcher.error:
                     broken[id(request)] = (request, f"the grammar cannot go on: {matcher.error}")
         return broken
 
     @staticmethod
-    def _scores(request: Request, row: Row) -> RowScores | None:
-        """The row's normalizer and top alternatives, when the request reads logprobs (or
-        ranks its branches: best_of); read before any sampler changes the row."""
-        if not request.scores_tokens:  # the common case: no pass over the row for them
-            return None
-        return RowScores(row, request.params.logprobs or 0)
-
-    def _score_prompt(
-        self, chunk: PrefillChunk, logits: npt.NDArray[np.float32], last: int
-    ) -> None:
+    def _score_prompt(chunk: PrefillChunk, logits: npt.NDArray[np.float32], last: int) -> None:
         """echo + logprobs: score each prompt token from the logits of the one before it."""
         request = chunk.request
         scores = request.prompt_scores
@@ -376,142 +317,6 @@ class Engine:
             row = Row(logits[first + pos - 1 - chunk.start])
             scores.append(RowScores(row, k).entry(request.prompt[pos]))
 
-    def _next_delta(
-        self,
-        request: Request,
-        seq: Sequence,
-        row: Row,
-        scores: RowScores | None,
-        taken: set[int] | None = None,
-        mask: Bitmask | None = None,
-    ) -> ChoiceDelta:
-        """Sample the next token and turn it into text; a finish reason when the branch
-        ends here (the scheduler then releases it). A token that began a banned phrase
-        is taken back (`_rewind`), and drawn again from the same row when it can be."""
-        params = request.params
-        assert seq.sampler is not None and seq.decoder is not None
-        released = seq.decoder.released
-        if params.max_tokens == 0:
-            return self._last_delta(request, seq, released, FinishReason.LENGTH)
-        mask_eog = params.ignore_eos or len(seq.tokens) < params.min_tokens
-        while True:
-            token = self._pick(seq, row, mask_eog, taken, mask)
-            if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
-                return self._last_delta(request, seq, released, FinishReason.STOP)
-            self.stats.generated_tokens += 1
-            if token in self._eog_set:
-                return self._last_delta(request, seq, released, FinishReason.STOP)
-            seq.tokens.append(token)
-            if scores is not None:
-                seq.scores.append(scores.entry(token))
-            text = seq.decoder.push(token, check_stops=len(seq.tokens) > params.min_tokens)
-            if seq.decoder.banned_at is None:
-                break
-            rewind = self._rewind(request, seq)
-            if rewind is Rewind.END:
-                return self._last_delta(request, seq, released, FinishReason.STOP)
-            if rewind is Rewind.LATER:
-                return ChoiceDelta(seq.index)
-            if rewind is Rewind.FIRST:
-                row = self._first_row(request)
-                scores = self._scores(request, row)
-                if mask is not None:  # the grammar is back at its start: its first mask
-                    assert seq.sampler is not None and seq.sampler.matcher is not None
-                    mask = self._masks.fill([seq.sampler.matcher])[0]
-        if seq.decoder.stopped:
-            return self._last_delta(request, seq, released, FinishReason.STOP, text, 1)
-        if len(seq.tokens) >= params.max_tokens:
-            return self._last_delta(request, seq, released, FinishReason.LENGTH, text, 1)
-        return self._delta(request, seq, released, text, None, 1)
-
-    def _pick(
-        self,
-        seq: Sequence,
-        row: Row,
-        mask_eog: bool,
-        taken: set[int] | None,
-        mask: Bitmask | None = None,
-    ) -> int:
-        """The branch's sampler's token from `row`, never one banned at this position nor
-        (masked) end-of-generation; for a distinct opening, not one in `taken`, which it
-        joins."""
-        assert seq.sampler is not None
-        banned = seq.bans.at(len(seq.tokens)) if seq.bans is not None else None
-        forbidden = self._eog if mask_eog else None
-        if banned:
-            ids = np.asarray(banned, dtype=np.int64)
-            forbidden = np.unique(ids if forbidden is None else np.concatenate([forbidden, ids]))
-        token = seq.sampler.sample(row, forbidden, taken, mask)
-        if taken is not None:
-            taken.add(token)
-        return token
-
-    def _rewind(self, request: Request, seq: Sequence) -> Rewind:
-        """A banned phrase began in the branch's token k: take the branch back to before
-        it, and ban that token at position k. Its KV cells from there go, its sampler
-        forgets what followed; its text was held back, so no reader saw any of it."""
-        assert seq.bans is not None and seq.decoder is not None and seq.sampler is not None
-        k = seq.decoder.banned_at
-        assert k is not None
-        newest = len(seq.tokens) - 1  # sampled this step: it has no cell yet
-        going = seq.bans.ban(k, seq.tokens[k])
-        seq.decoder.rewind(k)
-        del seq.tokens[k:], seq.scores[k:]
-        if not going:  # bounds reached: the branch ends with the text before the phrase
-            if k < newest:
-                self._apply([KvOp.remove(seq.seq_id, request.prompt_len + k)])
-            return Rewind.END
-        seq.sampler.rewind(seq.tokens)
-        if k == newest:  # this step's row is position k's: draw again from it
-            return Rewind.NOW
-        if k == 0:  # the prompt's last row was kept (request.first_row): draw from it
-            self._apply([KvOp.remove(seq.seq_id, request.prompt_len)])
-            return Rewind.FIRST
-        # Position k's row is gone: the token before it is decoded again next step.
-        self._apply([KvOp.remove(seq.seq_id, request.prompt_len + k - 1)])
-        return Rewind.LATER
-
-    @staticmethod
-    def _first_row(request: Request) -> Row:
-        """A copy of the prompt's last row, to sample a branch's first token from again."""
-        assert request.first_row is not None
-        logits, maxima = request.first_row
-        return Row(logits.copy(), maxima.copy())
-
-    def _delta(
-        self,
-        request: Request,
-        seq: Sequence,
-        released: int,
-        text: str,
-        reason: FinishReason | None = None,
-        undecoded: int = 0,
-    ) -> ChoiceDelta:
-        """The branch's delta: the tokens its text stream let out since `released` (the
-        count before this step), with their logprobs when the request asked."""
-        assert seq.decoder is not None
-        end = seq.decoder.released
-        tokens = seq.tokens[released:end]
-        logprobs = (
-            seq.scores[released:end] if tokens and request.params.logprobs is not None else None
-        )
-        return ChoiceDelta(seq.index, text, tokens, reason, logprobs, undecoded)
-
-    def _last_delta(
-        self,
-        request: Request,
-        seq: Sequence,
-        released: int,
-        reason: FinishReason,
-        text: str = "",
-        undecoded: int = 0,
-    ) -> ChoiceDelta:
-        """A branch's last delta, with the text it held back for a stop string or a
-        banned phrase that never came."""
-        assert seq.decoder is not None
-        text += seq.decoder.flush()
-        return self._delta(request, seq, released, text, reason, undecoded)
-
     # -- outputs -----------------------------------------------------------------------
 
     def _end_requests(
@@ -521,27 +326,42 @@ class Engine:
         outputs = []
         for request in list(requests):
             self._last_output_at.pop(request.request_id, None)
-            choices = [ChoiceDelta(seq.index, "", [], reason) for seq in request.live]
+            choices = [ChoiceDelta(branch.index, "", [], reason) for branch in request.live]
             self._apply(self.scheduler.end_request(request, reason, error))
             outputs.append(self._output(request, choices))
         return outputs
 
     @staticmethod
-    def _output(request: Request, choices: list[ChoiceDelta]) -> RequestOutput:
+    def _output(
+        request: Request, choices: list[ChoiceDelta], admitted: bool = False
+    ) -> RequestOutput:
         if request.best_of is not None:  # held until it ends, then the best n
             choices = request.best_of.collect(request, choices)
+        # A deterministic request decodes one branch for all its choices (engine/spec.py).
+        copies = request.spec.n_choices if request.n_branches < request.spec.n_choices else 1
+        if copies > 1:
+            choices = [replace(delta, index=i) for delta in choices for i in range(copies)]
         return RequestOutput(
             request_id=request.request_id,
             choices=choices,
+            n_choices=request.spec.n_choices,
             prompt_tokens=request.prompt_len,
-            completion_tokens=request.completion_tokens,
+            completion_tokens=request.completion_tokens * copies,
+            times=request.times,
             cached_tokens=request.n_cached,
             finished=request.status is RequestStatus.FINISHED,
             error=request.error,
             prompt_logprobs=request.prompt_scores if request.prompt_logprobs else None,
+            admitted=admitted,
         )
 
-    def _apply(self, ops: list[KvOp]) -> None:
+    def _progress(self, chunk: PrefillChunk) -> RequestOutput:
+        """A prompt read in part: how far (the API streams it as prompt progress)."""
+        output = self._output(chunk.request, [])
+        output.prompt_processed = chunk.end
+        return output
+
+    def _apply(self, ops: Iterable[KvOp]) -> None:
         for op in ops:
             if op.is_remove:
                 self.ctx.seq_rm(op.dst, op.p0, op.p1)
@@ -549,44 +369,6 @@ class Engine:
                 self.ctx.seq_cp(op.src, op.dst, op.p0, op.p1)
 
     @staticmethod
-    def _pos(request: Request, seq: Sequence) -> int:
+    def _pos(request: Request, branch: Branch) -> int:
         # The newest token of a branch sits right after the prompt and its earlier tokens.
-        return request.prompt_len + len(seq.tokens) - 1
-
-
-def build_request(
-    model: Model,
-    request_id: str,
-    prompt: list[int],
-    params: SamplingParams,
-    n: int,
-    prompt_logprobs: bool = False,
-    best_of: int | None = None,
-) -> Request:
-    """A request with `n` branches (`best_of` when given: the `n` best are returned),
-    each with its own sampler chain seeded `seed + index` and its `choices_params` entry.
-
-    Safe to call off the engine thread: it only reads the model's vocabulary.
-    """
-    base_seed = params.seed if params.seed is not None else random.getrandbits(32)
-    branches = best_of if best_of is not None and best_of > n else n
-    samplers = build_samplers(model, params, [base_seed + index for index in range(branches)])
-    sequences = [
-        Sequence(
-            index=index,
-            sampler=sampler,
-            decoder=TextStream(
-                model.piece,
-                params.stop,
-                params.banned_strings,
-                params.banned_strings_case_sensitive,
-            ),
-            bans=Bans() if params.banned_strings else None,
-        )
-        for index, sampler in enumerate(samplers)
-    ]
-    request = Request(request_id, prompt, params, sequences)
-    request.prompt_logprobs = prompt_logprobs
-    if branches > n:
-        request.best_of = BestOf(n)
-    return request
+        return request.prompt_len + len(branch.tokens) - 1

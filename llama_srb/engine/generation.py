@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.sequence import Request
 
 
 class Interrupted(Exception):
@@ -34,10 +33,14 @@ class EngineDied(Interrupted):
 
 @dataclass(eq=False)
 class Flight:
-    """A submitted request and the queue its outputs arrive on (event-loop thread only)."""
+    """A submitted request as the event loop knows it: its id, its client, the queue its
+    outputs arrive on, and what they said so far (event-loop thread only; the request
+    itself belongs to the engine thread)."""
 
-    request: Request
+    request_id: str
+    client: str
     queue: asyncio.Queue[RequestOutput | Interrupted] = field(default_factory=asyncio.Queue)
+    waiting: bool = True  # not admitted yet: it counts against --max-queue
     done: bool = False  # the engine published the request's final output
 
 
@@ -62,8 +65,8 @@ class Generation:
         self._closed = False
 
     @property
-    def request(self) -> Request:
-        return self._flight.request
+    def request_id(self) -> str:
+        return self._flight.request_id
 
     def __aiter__(self) -> Generation:
         return self

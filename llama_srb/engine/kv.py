@@ -2,13 +2,14 @@
 
 Accounting with paired check/commit calls (`can_admit` / `admit`), tested without a
 model. Methods that change what llama.cpp holds return `KvOp`s; the engine applies them.
-Only `admit` writes to a request: the seq ids it hands out and the prompt tokens it forks
-from the cache. What a running request reserved is recorded here, not on the request.
+Nothing here writes to a request: `admit` returns a Grant (the sequence ids, the prompt
+tokens forked from the cache), which the scheduler records. What a running request
+reserved is recorded here, not on the request.
 
 The unified KV cache stores a cell once however many sequences share it: `seq_cp` only
 tags existing cells with another sequence id. So a finished branch can stay behind as a
-*cached path* (its own seq id, its cells untouched) from which a later prompt that starts
-with the same tokens forks for free.
+*cached path* (its own sequence id, its cells untouched) from which a later prompt that
+starts with the same tokens forks for free.
 
 The policy (its numbers are in the README, "Prefix cache"):
 - Every cell that running requests do not need may hold cached paths: an idle cell costs
@@ -23,6 +24,7 @@ The policy (its numbers are in the README, "Prefix cache"):
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from llama_srb.engine.sequence import Request
+from llama_srb.engine.request import Request
 
 # Shorter shared prefixes are computed again rather than forked: they save a few ms of
 # prefill, and forking would pin the whole cached path for as long as the request runs.
@@ -81,15 +83,32 @@ def common_prefix(a: Sequence[int] | Tokens, b: Sequence[int] | Tokens) -> int:
     return lo
 
 
+class Shortage(enum.Enum):
+    """What a request that cannot be admitted lacks."""
+
+    SEQUENCES = "sequences"  # the server's sequence ids, or its client's share of them
+    CELLS = "cells"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What admitting a request gave it: a sequence id per branch, in order, and the
+    prompt tokens forked from a cached path into its first branch (by `ops`)."""
+
+    seq_ids: tuple[int, ...]
+    forked: int
+    ops: tuple[KvOp, ...]
+
+
 @dataclass(eq=False)
 class CachedPath:
-    """A token path whose KV cells (positions 0..len-1) a parked seq id keeps alive."""
+    """A token path whose KV cells (positions 0..len-1) a parked branch id keeps alive."""
 
     seq_id: int
     tokens: Tokens
     last_used: int
     pins: int = 0  # live requests that forked from it and counted on its cells
-    # Common prefix length with every other cached path, by seq id: computed once, at park.
+    # Common prefix length with every other cached path, by branch id: computed once, at park.
     shared: dict[int, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -103,11 +122,11 @@ class CachedPath:
 
 @dataclass
 class Reservation:
-    """What a running request holds beyond its live branches' seq ids."""
+    """What a running request holds beyond its live branches' branch ids."""
 
     prompt_cells: int  # prompt cells this request computes itself
     source: CachedPath | None = None  # the cached path it forked from, pinned until it ends
-    # Finished branches, (seq id, tokens its cells hold): parked when the request ends, so
+    # Finished branches, (branch id, tokens its cells hold): parked when the request ends, so
     # that its reservation still counts their cells until then.
     finished: list[tuple[int, list[int]]] = field(default_factory=list)
 
@@ -191,7 +210,7 @@ class PrefixCache:
         return ops, [p.seq_id for p in covered]
 
     def evict_lru(self) -> int | None:
-        """Drop the least recently used unpinned path; returns its seq id to clear."""
+        """Drop the least recently used unpinned path; returns its branch id to clear."""
         candidates = [p for p in self.paths if not p.pins]
         if not candidates:
             return None
@@ -246,7 +265,7 @@ class KvBudget:
         return self.cells_reserved + self.cache.cells()
 
     def fits_ever(self, request: Request) -> bool:
-        return request.n <= self.max_live and request.cells_needed <= self.n_cells
+        return request.n_branches <= self.max_live and request.cells_needed <= self.n_cells
 
     def match(self, request: Request) -> tuple[CachedPath | None, int]:
         """The cached path to fork from and how many prompt tokens it provides (at most
@@ -277,8 +296,8 @@ class KvBudget:
         source, shared = self.match(request)
         evictable = sum(1 for p in self.cache.paths if not p.pins and p is not source)
         return (
-            self.live + request.n <= self.max_live
-            and request.n <= self.free_ids + evictable
+            self.live + request.n_branches <= self.max_live
+            and request.n_branches <= self.free_ids + evictable
             and self.cells_reserved
             + request.cells_needed
             - shared
@@ -286,14 +305,14 @@ class KvBudget:
             <= self.n_cells
         )
 
-    def shortage(self, request: Request) -> str:
-        """What keeps a request that `can_admit` refuses waiting: "sequences" or "cells"."""
-        if self.live + request.n > self.max_live:
-            return "sequences"
-        return "cells"
+    def shortage(self, request: Request) -> Shortage:
+        """What keeps a request that `can_admit` refuses waiting."""
+        if self.live + request.n_branches > self.max_live:
+            return Shortage.SEQUENCES
+        return Shortage.CELLS
 
-    def admit(self, request: Request) -> list[KvOp]:
-        """Reserve ids and cells, fork from the best cached path; returns the native ops."""
+    def admit(self, request: Request) -> Grant:
+        """Reserve ids and cells, fork from the best cached path."""
         assert self.can_admit(request)
         source, shared = self.match(request)
         if source is not None:
@@ -303,18 +322,16 @@ class KvBudget:
         need = request.cells_needed - shared
         ops = self._evict_until(
             lambda: (
-                self.free_ids >= request.n
+                self.free_ids >= request.n_branches
                 and self.cells_reserved + need + self.cache.cells() <= self.n_cells
             )
         )
-        for seq in request.sequences:
-            seq.seq_id = self._free_ids.pop()
-        self.live += request.n
+        seq_ids = tuple(self._free_ids.pop() for _ in request.branches)
+        self.live += request.n_branches
         self.cells_reserved += need
         if source is not None:
-            ops.append(KvOp(source.seq_id, request.primary.seq_id, 0, shared))
-            request.n_prefilled = request.n_cached = shared
-        return ops
+            ops.append(KvOp(source.seq_id, seq_ids[0], 0, shared))
+        return Grant(seq_ids, shared if source is not None else 0, tuple(ops))
 
     def release_sequence(self, request: Request, seq_id: int, path: list[int] | None) -> list[KvOp]:
         """A branch ended. With `path` (the tokens its cells hold) and the cache on, its

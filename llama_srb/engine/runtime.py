@@ -3,7 +3,9 @@
 llama.cpp contexts are not thread-safe, so one thread owns the engine and runs its loop.
 The asyncio side only submits closures (add, abort) and reads per-request queues; the
 engine thread hands each batch of outputs the engine returns to the event loop at once
-(`loop.call_soon_threadsafe`), which routes them to their readers.
+(`loop.call_soon_threadsafe`), which routes them to their readers. A request's ownership
+moves with `generate`: from then on the event loop knows its id, its client and what its
+outputs said (engine/generation.py Flight), never the request itself.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from llama_srb.engine.build import Submission
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.generation import EngineDied, Flight, Generation, ShuttingDown
 from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.sequence import Request, RequestStatus
+from llama_srb.engine.request import Request
 from llama_srb.native import native_thread, release_free_memory
 
 log = logging.getLogger(__name__)
 
-Submission = Callable[[], list[RequestOutput]]
+Work = Callable[[], list[RequestOutput]]  # a closure the engine thread runs
 
 
 class Runtime:
@@ -32,7 +35,7 @@ class Runtime:
 
     def __init__(self, engine: Engine, on_death: Callable[[str], None] | None = None) -> None:
         self.engine = engine
-        self._inbox: deque[Submission] = deque()
+        self._inbox: deque[Work] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._on_death = on_death
@@ -51,14 +54,11 @@ class Runtime:
     @property
     def waiting(self) -> int:
         """Submitted requests not admitted yet: the queue that --max-queue bounds."""
-        return sum(f.request.status is RequestStatus.WAITING for f in list(self._flights.values()))
+        return sum(f.waiting for f in self._flights.values())
 
     def waiting_of(self, client: str) -> int:
         """Those of one client: what --client-max-queue bounds."""
-        return sum(
-            f.request.client == client and f.request.status is RequestStatus.WAITING
-            for f in list(self._flights.values())
-        )
+        return sum(f.waiting and f.client == client for f in self._flights.values())
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give those in flight `grace` seconds, then end the rest."""
@@ -88,15 +88,16 @@ class Runtime:
     def abort(self, request_id: str) -> None:
         self._call(lambda: self.engine.abort(request_id))
 
-    def generate(self, request: Request, timeout: float | None = None) -> Generation:
-        """Submit a request now and return the iterator of its outputs.
+    def generate(self, submission: Submission, timeout: float | None = None) -> Generation:
+        """Hand a built request to the engine now and return the iterator of its outputs.
 
         Submitting at once, not at the first read, lets the queue bound count the request
         before its HTTP response starts. `timeout` counts from here, queueing included.
         """
         self._event_loop = asyncio.get_running_loop()
-        flight = Flight(request)
-        self._flights[request.request_id] = flight
+        request = submission.take()
+        flight = Flight(submission.request_id, submission.spec.client)
+        self._flights[flight.request_id] = flight
         self._call(lambda: self._add(request))
         if self.closing:  # raced with shutdown: the engine still frees what it built
             self._interrupt(flight, "the server is shutting down")
@@ -121,6 +122,7 @@ class Runtime:
             flight = self._flights.get(output.request_id)
             if flight is None:  # released: its reader is gone
                 continue
+            flight.waiting = flight.waiting and not (output.admitted or output.finished)
             if output.finished:
                 flight.done = True
                 del self._flights[output.request_id]
@@ -128,13 +130,13 @@ class Runtime:
 
     def _release(self, flight: Flight) -> None:
         """Its reader is gone: forget the request, aborting it unless already finished."""
-        self._flights.pop(flight.request.request_id, None)
+        self._flights.pop(flight.request_id, None)
         if not flight.done:
-            self.abort(flight.request.request_id)
+            self.abort(flight.request_id)
 
     def _interrupt(self, flight: Flight, message: str) -> None:
         flight.queue.put_nowait(ShuttingDown(message))
-        self.abort(flight.request.request_id)  # also ends requests whose reader never came
+        self.abort(flight.request_id)  # also ends requests whose reader never came
 
     def fail_flights(self, reason: str) -> None:
         """The engine thread is gone: every reader gets an error now (event-loop thread)."""
@@ -142,7 +144,7 @@ class Runtime:
             flight.queue.put_nowait(EngineDied(reason))
         self._flights.clear()
 
-    def _call(self, fn: Submission) -> None:
+    def _call(self, fn: Work) -> None:
         self._inbox.append(fn)
         self._wake.set()
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import groupby
 
-from llama_srb.engine.kv import MIN_SHARED_TOKENS, KvBudget, KvOp, common_prefix
-from llama_srb.engine.outputs import ChoiceDelta
+from llama_srb.engine.kv import MIN_SHARED_TOKENS, Grant, KvBudget, KvOp, Shortage, common_prefix
+from llama_srb.engine.outputs import ChoiceDelta, FinishReason
 from llama_srb.engine.pacing import StepPacer
-from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
+from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.share import FairQueue, Reserve, ShareRules
 
 PROMPT_LOGPROBS_CHUNK = 64
@@ -39,15 +39,33 @@ class PrefillChunk:
         return self.end == self.request.prompt_len
 
 
+@dataclass(frozen=True)
+class DecodeCall:
+    """One llama_decode call: the decode rows of whole requests, then prompt chunks."""
+
+    decode: tuple[tuple[Request, Branch], ...] = ()
+    prefill: tuple[PrefillChunk, ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.decode) + sum(c.end - c.start for c in self.prefill)
+
+    @property
+    def requests(self) -> list[Request]:
+        """Every request with tokens in this call, once each."""
+        both = [r for r, _ in self.decode] + [c.request for c in self.prefill]
+        return list({id(r): r for r in both}.values())
+
+
 @dataclass
 class StepPlan:
+    """One step: the KV changes before it, its tokens, and what admission did."""
+
     kv_ops: list[KvOp] = field(default_factory=list)  # applied before the batch is decoded
-    decode: list[tuple[Request, Sequence]] = field(default_factory=list)
+    decode: list[tuple[Request, Branch]] = field(default_factory=list)
     prefill: list[PrefillChunk] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)  # left the queue this step
-    # Why the request whose turn it was still waits: "sequences" (the server's, or its
-    # client's share of them), "cells" or None.
-    blocked: str | None = None
+    blocked: Shortage | None = None  # why the request whose turn it was still waits
 
     @property
     def empty(self) -> bool:
@@ -60,32 +78,31 @@ class StepPlan:
     @property
     def requests(self) -> list[Request]:
         """Every request with tokens in this step, once each."""
-        both = [r for r, _ in self.decode] + [c.request for c in self.prefill]
-        return list({id(r): r for r in both}.values())
+        return DecodeCall(tuple(self.decode), tuple(self.prefill)).requests
 
-    def calls(self, max_tokens: int) -> list[StepPlan]:
+    def calls(self, max_tokens: int) -> list[DecodeCall]:
         """The step as llama_decode calls of at most `max_tokens` tokens each (0: one
         call), packed in order and whole: a request's decode rows, or a prompt chunk, are
         never split between calls (one larger than the limit gets a call of its own)."""
         if max_tokens <= 0 or self.n_tokens <= max_tokens:
-            return [self]
-        calls: list[StepPlan] = []
+            return [DecodeCall(tuple(self.decode), tuple(self.prefill))]
+        calls: list[tuple[list[tuple[Request, Branch]], list[PrefillChunk]]] = []
         filled = max_tokens  # tokens in the last call: none yet, so the first unit opens one
 
-        def call_with_room(size: int) -> StepPlan:
+        def call_with_room(size: int) -> tuple[list[tuple[Request, Branch]], list[PrefillChunk]]:
             nonlocal filled
             if filled + size > max_tokens:
-                calls.append(StepPlan())
+                calls.append(([], []))
                 filled = 0
             filled += size
             return calls[-1]
 
         for _, group in groupby(self.decode, key=lambda row: id(row[0])):
             rows = list(group)
-            call_with_room(len(rows)).decode.extend(rows)
+            call_with_room(len(rows))[0].extend(rows)
         for chunk in self.prefill:
-            call_with_room(chunk.end - chunk.start).prefill.append(chunk)
-        return calls
+            call_with_room(chunk.end - chunk.start)[1].append(chunk)
+        return [DecodeCall(tuple(decode), tuple(prefill)) for decode, prefill in calls]
 
 
 class Scheduler:
@@ -136,7 +153,7 @@ class Scheduler:
         self._admit(plan, held)
         for request in self.running:
             if request.status is RequestStatus.DECODING:
-                plan.decode.extend((request, seq) for seq in request.live)
+                plan.decode.extend((request, branch) for branch in request.live)
         room = self.pacer.prefill_room(len(plan.decode), self.n_batch - len(plan.decode))
         # Prompt room as the queue: first the clients that hold the fewest sequences.
         prefilling = [r for r in self.running if r.status is RequestStatus.PREFILLING]
@@ -185,9 +202,9 @@ class Scheduler:
         waiting_for: Request | None = None  # the request whose turn it was, if it must wait
         while (request := self.waiting.next(held, passed)) is not None:
             cap = self.share.client_sequences
-            if cap and held[request.client] + request.n > cap:
+            if cap and held[request.client] + request.n_branches > cap:
                 passed.add(request.client)  # it holds its share: its own requests end first
-                plan.blocked = plan.blocked or "sequences"
+                plan.blocked = plan.blocked or Shortage.SEQUENCES
                 continue
             cells = self.budget.cells_to_reserve(request)
             small = self.reserve.is_small(request, cells)
@@ -204,20 +221,29 @@ class Scheduler:
                         return  # it runs alone: nothing goes in until the server is idle
                 continue
             self.waiting.remove(request)
-            plan.kv_ops += self.budget.admit(request)
+            self._grant(request, self.budget.admit(request), plan)
             self.reserve.hold(request, small, cells)
-            plan.admitted.append(request)
-            request.status = RequestStatus.PREFILLING
             self.running.append(request)
-            held[request.client] += request.n
+            held[request.client] += request.n_branches
 
-    def _shortage(self, request: Request, small: bool) -> str:
-        """What a waiting request lacks: "sequences" or "cells" (its kind's share of them)."""
-        if self.budget.shortage(request) == "sequences" or (
+    def _grant(self, request: Request, grant: Grant, plan: StepPlan) -> None:
+        """Record what admission gave a request: its branches' sequence ids and the prompt
+        tokens it forked from the cache; it starts prefilling."""
+        for branch, seq_id in zip(request.branches, grant.seq_ids, strict=True):
+            branch.seq_id = seq_id
+        request.n_prefilled = request.n_cached = grant.forked
+        request.status = RequestStatus.PREFILLING
+        request.times = replace(request.times, admitted=time.monotonic())
+        plan.kv_ops += grant.ops
+        plan.admitted.append(request)
+
+    def _shortage(self, request: Request, small: bool) -> Shortage:
+        """What a waiting request lacks (its kind's share of it)."""
+        if self.budget.shortage(request) is Shortage.SEQUENCES or (
             not small and not self.reserve.fits_large_sequences(request)
         ):
-            return "sequences"
-        return "cells"
+            return Shortage.SEQUENCES
+        return Shortage.CELLS
 
     def _share_live_prefix(self, request: Request, ops: list[KvOp]) -> bool:
         """Fork the longest prompt prefix that an earlier live request already holds.
@@ -249,17 +275,19 @@ class Scheduler:
 
     # -- after the decode: statuses and releases ---------------------------------------
 
-    def prefilled(self, plan: StepPlan) -> list[KvOp]:
-        """The plan's prompt chunks are in the cache. A request whose whole prompt now is
-        shares its primary's cells with every other branch (a fork) and starts decoding."""
+    def prefilled(self, call: DecodeCall) -> list[KvOp]:
+        """The call's prompt chunks are in the cache. A request whose whole prompt now is
+        shares its primary's cells with every other branch (a fork) and starts decoding:
+        its first tokens are sampled from this call's rows."""
         ops: list[KvOp] = []
-        for chunk in plan.prefill:
+        for chunk in call.prefill:
             request = chunk.request
             request.n_prefilled = chunk.end
             if chunk.completes_prompt:
-                ops += [KvOp(request.primary.seq_id, seq.seq_id) for seq in request.sequences[1:]]
+                primary = request.primary.seq_id
+                ops += [KvOp(primary, branch.seq_id) for branch in request.branches[1:]]
                 request.status = RequestStatus.DECODING
-                request.first_token_at = time.monotonic()
+                request.times = replace(request.times, first_token=time.monotonic())
         return ops
 
     def postprocess(self, steps: list[tuple[Request, list[ChoiceDelta]]]) -> list[KvOp]:
@@ -269,11 +297,11 @@ class Scheduler:
         for request, deltas in steps:
             for delta in deltas:
                 if delta.finish_reason is not None:
-                    seq = request.sequences[delta.index]
+                    branch = request.branches[delta.index]
                     # Every token it had before this step is decoded now; the one it
                     # sampled this step (if it kept it) never will be, so has no cell.
-                    held = request.prompt_len + len(seq.tokens) - delta.undecoded
-                    ops += self._end_branch(request, seq, delta.finish_reason, held)
+                    held = request.prompt_len + len(branch.tokens) - delta.newest_has_no_cell
+                    ops += self._end_branch(request, branch, delta.finish_reason, held)
             if not request.live:
                 ops += self._retire(request)
         return ops
@@ -286,22 +314,22 @@ class Scheduler:
         # An aborted request's cells are still valid and worth caching; a failed one's not.
         keep = reason is not FinishReason.ERROR
         ops: list[KvOp] = []
-        for seq in request.live:
-            held = self._cells_held(request, seq) if keep else 0
-            ops += self._end_branch(request, seq, reason, held)
+        for branch in request.live:
+            held = self._cells_held(request, branch) if keep else 0
+            ops += self._end_branch(request, branch, reason, held)
         return ops + self._retire(request, error)
 
     def _end_branch(
-        self, request: Request, seq: Sequence, reason: FinishReason, held: int
+        self, request: Request, branch: Branch, reason: FinishReason, held: int
     ) -> list[KvOp]:
-        """A branch ends: its sampler is freed and its seq id released, its cells (the
+        """A branch ends: its sampler is freed and its sequence id released, its cells (the
         first `held` tokens of its path) cached or freed."""
-        seq.finish_reason = reason
-        seq.close()
-        if seq.seq_id < 0:  # never admitted: holds nothing
+        branch.finish_reason = reason
+        branch.close()
+        if branch.seq_id < 0:  # never admitted: holds nothing
             return []
-        path = (request.prompt + seq.tokens)[:held] if held > 0 else None
-        seq_id, seq.seq_id = seq.seq_id, -1
+        path = (request.prompt + branch.tokens)[:held] if held > 0 else None
+        seq_id, branch.seq_id = branch.seq_id, -1
         return self.budget.release_sequence(request, seq_id, path)
 
     def _retire(self, request: Request, error: str | None = None) -> list[KvOp]:
@@ -318,8 +346,8 @@ class Scheduler:
         return ops
 
     @staticmethod
-    def _cells_held(request: Request, seq: Sequence) -> int:
+    def _cells_held(request: Request, branch: Branch) -> int:
         """The cells a live branch holds between steps."""
         if request.status is RequestStatus.DECODING:
-            return request.prompt_len + len(seq.tokens) - 1  # its newest token: not decoded
-        return request.n_prefilled if seq is request.primary else 0  # forked at the end
+            return request.prompt_len + len(branch.tokens) - 1  # its newest token: not decoded
+        return request.n_prefilled if branch is request.primary else 0  # forked at the end

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from llama_srb.engine.sequence import Request
+from llama_srb.engine.request import Request
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,9 @@ class Reserve:
         """Whether a request that would reserve `cells` may use the reserve."""
         rules = self.rules
         return (
-            self.enabled and request.n <= rules.reserve_sequences and cells <= rules.reserve_cells
+            self.enabled
+            and request.n_branches <= rules.reserve_sequences
+            and cells <= rules.reserve_cells
         )
 
     def fits_large(self, request: Request, cells: int) -> bool:
@@ -105,17 +107,20 @@ class Reserve:
         )
 
     def fits_large_sequences(self, request: Request) -> bool:
-        return self._usage(small=False)[0] + request.n <= self.max_sequences
+        return self._usage(small=False)[0] + request.n_branches <= self.max_sequences
 
     def fits_beside_reserve(self, request: Request, cells: int) -> bool:
         """Whether it could ever run without the reserve (else: only alone)."""
-        return request.n <= self.max_sequences and cells <= self.n_cells - self.rules.reserve_cells
+        return (
+            request.n_branches <= self.max_sequences
+            and cells <= self.n_cells - self.rules.reserve_cells
+        )
 
     def fits_small(self, request: Request, cells: int) -> bool:
         """Whether a small request fits in the reserve beside the small ones running."""
         sequences, held = self._usage(small=True)
         return (
-            sequences + request.n <= self.rules.reserve_sequences
+            sequences + request.n_branches <= self.rules.reserve_sequences
             and held + cells <= self.rules.reserve_cells
         )
 

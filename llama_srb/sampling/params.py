@@ -188,6 +188,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def deterministic(self) -> bool:
+        """Every branch would be the same text: greedy, with no branch's own settings."""
+        return self.greedy and not any(self.choices_params)
+
 
 def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:
     if (lo is not None and value < lo) or (hi is not None and value > hi):

@@ -9,6 +9,7 @@ and `check_kv` compares the engine's books with the cells actually held.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -17,10 +18,10 @@ import numpy.typing as npt
 
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
-from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.sequence import Request, RequestStatus
-from llama_srb.engine.sequence import Sequence as Branch
+from llama_srb.engine.outputs import RequestOutput, RequestTimes
+from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.share import ShareRules
+from llama_srb.engine.spec import RequestSpec
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.params import SamplingParams
@@ -187,6 +188,23 @@ def expected(prompt: list[int], rank: int, steps: int, table: Table = ranking) -
     return history[len(prompt) :]
 
 
+def bare_request(
+    request_id: str,
+    prompt: list[int],
+    branches: list[Branch] | int = 1,
+    client: str = "",
+    arrival: float | None = None,
+    **params: object,
+) -> Request:
+    """A request as the engine holds it (its spec, its branches: `n` without samplers)."""
+    sampling = SamplingParams(**params)  # type: ignore[arg-type]
+    if isinstance(branches, int):
+        branches = [Branch(index=i) for i in range(branches)]
+    spec = RequestSpec(prompt, sampling, len(branches), client=client)
+    times = RequestTimes(time.monotonic() if arrival is None else arrival)
+    return Request(request_id, spec, branches, times)
+
+
 def make_request(
     request_id: str,
     prompt: list[int],
@@ -195,12 +213,12 @@ def make_request(
     **params: object,
 ) -> Request:
     """A request whose branch i samples the i-th most likely token."""
-    sampling = SamplingParams(**params)  # type: ignore[arg-type]
+    stop = SamplingParams(**params).stop  # type: ignore[arg-type]
     branches = [
-        Branch(index=i, sampler=FakeSampler(i), decoder=TextStream(FakeModel.piece, sampling.stop))
+        Branch(index=i, sampler=FakeSampler(i), text=TextStream(FakeModel.piece, stop))
         for i in range(n)
     ]
-    return Request(request_id, prompt, sampling, branches, client=client)
+    return bare_request(request_id, prompt, branches, client, **params)
 
 
 def make_engine(

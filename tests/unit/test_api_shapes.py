@@ -13,7 +13,7 @@ from llama_srb.api.render.logprobs import chat_logprobs, completion_logprobs
 from llama_srb.api.schemas.chat import ChatMessage
 from llama_srb.api.schemas.completions import CompletionRequest
 from llama_srb.api.service import merge
-from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.outputs import RequestOutput, RequestTimes
 from llama_srb.sampling.logprobs import TokenLogprob
 
 PIECES = {1: b"Hello", 2: b" world", 3: b"!", 4: "é".encode()[:1]}
@@ -61,13 +61,13 @@ def test_prompt_shapes_refused(prompt: object) -> None:
 
 
 def test_default_max_tokens_is_what_fits_shared_by_n_and_capped() -> None:
-    assert default_max_tokens(n_ctx=1000, prompt_len=100, n=3) == 300
-    assert default_max_tokens(n_ctx=1 << 20, prompt_len=100, n=1) == DEFAULT_MAX_TOKENS_CAP
-    assert default_max_tokens(n_ctx=100, prompt_len=100, n=2) == 1  # → context error later
+    assert default_max_tokens(n_ctx=1000, prompt_len=100, n_branches=3) == 300
+    assert default_max_tokens(n_ctx=1 << 20, prompt_len=100, n_branches=1) == DEFAULT_MAX_TOKENS_CAP
+    assert default_max_tokens(n_ctx=100, prompt_len=100, n_branches=2) == 1  # → context error later
 
 
 def output(tag: int) -> RequestOutput:
-    return RequestOutput(request_id=str(tag), choices=[], prompt_tokens=tag, completion_tokens=0)
+    return RequestOutput(str(tag), [], 1, tag, 0, RequestTimes(0.0))
 
 
 def test_merge_tags_outputs_with_their_stream_and_closes_all_when_left() -> None:

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llama_srb.engine.sequence import FinishReason, Request
-from llama_srb.engine.sequence import Sequence as Branch
+from llama_srb.engine.request import Branch, FinishReason, Request
 from llama_srb.sampling.banned import MAX_BANS_PER_POSITION, Bans, PhraseGuard
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
-from tests.unit.fake_context import BOS, FakeModel, FakeSampler, expected, make_engine, run
+from tests.unit.fake_context import (
+    BOS,
+    FakeModel,
+    FakeSampler,
+    bare_request,
+    expected,
+    make_engine,
+    run,
+)
 
 # -- the guard alone: multi-character tokens, as a real vocabulary has ------------------
 
@@ -99,17 +106,17 @@ def spell(tokens: Sequence[int]) -> str:
 
 
 def banned_request(prompt: list[int], n: int, banned: tuple[str, ...], **params: object) -> Request:
-    sampling = SamplingParams(banned_strings=banned, **params)  # type: ignore[arg-type]
+    stop = SamplingParams(**params).stop  # type: ignore[arg-type]
     branches = [
         Branch(
             index=i,
             sampler=RewindingSampler(i),
-            decoder=TextStream(FakeModel.piece, sampling.stop, banned),
+            text=TextStream(FakeModel.piece, stop, banned),
             bans=Bans(),
         )
         for i in range(n)
     ]
-    return Request("r", prompt, sampling, branches)
+    return bare_request("r", prompt, branches, banned_strings=banned, **params)
 
 
 PROMPT = [BOS, *FakeModel.tokens("onceuponatime")]
@@ -130,7 +137,7 @@ def test_a_banned_phrase_never_appears_and_only_its_branch_is_rewound() -> None:
     assert out.reasons("r") == {i: FinishReason.LENGTH for i in range(3)}
     tokens = out.tokens("r")
     assert spell(tokens[0]) == text[0] and len(tokens[0]) == 12
-    first = request.sequences[0].sampler
+    first = request.branches[0].sampler
     assert isinstance(first, RewindingSampler)
     assert first.rewinds[0] == FakeModel.tokens(free[0][:4])  # its history: what was kept
     assert out.last("r").completion_tokens == 36
@@ -176,5 +183,5 @@ def test_every_candidate_banned_ends_the_branch_before_the_phrase() -> None:
     out = run(engine)
     assert out.reasons("r") == {0: FinishReason.STOP}
     assert out.text("r") == {0: ""} and out.tokens("r") == {0: []}
-    bans = request.sequences[0].bans
+    bans = request.branches[0].bans
     assert bans is not None and len(bans.at(0) or []) == MAX_BANS_PER_POSITION + 1

@@ -5,8 +5,8 @@ next replaces its logits. No model."""
 from __future__ import annotations
 
 from llama_srb.config import Settings
-from llama_srb.engine.scheduler import PrefillChunk, StepPlan
-from llama_srb.engine.sequence import FinishReason, Request, RequestStatus
+from llama_srb.engine.request import FinishReason, Request, RequestStatus
+from llama_srb.engine.scheduler import DecodeCall, PrefillChunk, StepPlan
 from llama_srb.loader import CPU_TOKENS_PER_CALL, tokens_per_call
 from llama_srb.native import has_gpu_device
 from tests.unit.fake_context import Outputs, expected, make_engine, make_request, run
@@ -14,7 +14,7 @@ from tests.unit.test_engine import story
 from tests.unit.test_scheduler import make
 
 
-def rows(plan: StepPlan) -> list[tuple[str, int]]:
+def rows(plan: DecodeCall) -> list[tuple[str, int]]:
     """(request id, tokens) per request or prompt chunk, in the call's order."""
     out: list[tuple[str, int]] = []
     for request, _ in plan.decode:
@@ -26,7 +26,7 @@ def rows(plan: StepPlan) -> list[tuple[str, int]]:
 
 
 def decoding(*requests: Request) -> list:
-    return [(request, seq) for request in requests for seq in request.sequences]
+    return [(request, seq) for request in requests for seq in request.branches]
 
 
 def test_calls_take_whole_requests_and_chunks_in_order_up_to_the_limit() -> None:
@@ -41,7 +41,8 @@ def test_calls_take_whole_requests_and_chunks_in_order_up_to_the_limit() -> None
         [("a", 5), ("b", 3), ("c", 4)],
         [("d", 10)],
     ]
-    assert plan.calls(0) == [plan] and plan.calls(22) == [plan]  # one call
+    whole = DecodeCall(tuple(plan.decode), tuple(plan.prefill))
+    assert plan.calls(0) == [whole] and plan.calls(22) == [whole]  # one call
 
 
 def test_a_request_with_more_branches_than_the_limit_keeps_its_rows_together() -> None:

@@ -12,13 +12,14 @@ from pydantic import ValidationError
 
 from llama_srb.api.input.chat import CHATML_STOPS, chat_params, choose, packaged
 from llama_srb.api.input.params import logit_bias
-from llama_srb.api.render.native import NativeResult, stop_info
+from llama_srb.api.render.native import stop_info
 from llama_srb.api.schemas import dialects
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.cli import add_settings_flags, settings_from_args
-from llama_srb.engine.sequence import FinishReason
+from llama_srb.engine.outputs import ChoiceSoFar
+from llama_srb.engine.request import FinishReason
 from llama_srb.sampling.params import ParamError, SamplingParams
 
 # -- aliases ---------------------------------------------------------------------------------
@@ -269,8 +270,8 @@ def spell(tokens: Sequence[int]) -> str:  # as native.Model.text, over PIECES
     return b"".join(PIECES[t] for t in tokens).decode("utf-8", errors="replace")
 
 
-def result(content: str, tokens: list[int], reason: FinishReason | None) -> NativeResult:
-    out = NativeResult(0, parts=[content], tokens=tokens)
+def result(content: str, tokens: list[int], reason: FinishReason | None) -> ChoiceSoFar:
+    out = ChoiceSoFar(0, parts=[content], token_ids=tokens)
     out.finish_reason = reason
     return out
 

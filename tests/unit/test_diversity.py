@@ -15,30 +15,25 @@ import numpy.typing as npt
 import pytest
 
 from llama_srb.engine.best_of import BestOf, mean_logprob
-from llama_srb.engine.sequence import FinishReason, Request
-from llama_srb.engine.sequence import Sequence as Branch
+from llama_srb.engine.request import Branch, FinishReason, Request
 from llama_srb.native import Model
 from llama_srb.sampling.branch import BranchSampler, build_samplers, most_likely_untaken
 from llama_srb.sampling.cut import Row
 from llama_srb.sampling.params import ParamError, SamplingParams
 from llama_srb.sampling.text import TextStream
-from tests.unit.fake_context import BOS, FakeModel, expected, make_engine, run
+from tests.unit.fake_context import BOS, FakeModel, bare_request, expected, make_engine, run
 from tests.unit.test_banned import RewindingSampler
 
 PROMPT = [BOS, *FakeModel.tokens("thestorybegins")]
 
 
 def fake_request(n: int, ranks: list[int], **params: object) -> Request:
-    sampling = SamplingParams(**params)  # type: ignore[arg-type]
+    stop = SamplingParams(**params).stop  # type: ignore[arg-type]
     branches = [
-        Branch(
-            index=i,
-            sampler=RewindingSampler(ranks[i]),
-            decoder=TextStream(FakeModel.piece, sampling.stop),
-        )
+        Branch(index=i, sampler=RewindingSampler(ranks[i]), text=TextStream(FakeModel.piece, stop))
         for i in range(n)
     ]
-    return Request("r", PROMPT, sampling, branches)
+    return bare_request("r", PROMPT, branches, **params)
 
 
 # -- best_of ----------------------------------------------------------------------------
@@ -59,9 +54,9 @@ def test_best_of_returns_the_n_best_by_mean_logprob_best_first() -> None:
     assert last.choices[1].token_ids == expected(PROMPT, 1, 5)
     assert [c.finish_reason for c in last.choices] == [FinishReason.LENGTH] * 2
     assert last.completion_tokens == 20  # every generated token, returned or not
-    means = [mean_logprob(s) for s in request.sequences]
+    means = [mean_logprob(s) for s in request.branches]
     assert means[1] > means[3] > max(means[0], means[2])
-    assert all(len(s.scores) == 5 for s in request.sequences)
+    assert all(len(s.scores) == 5 for s in request.branches)
 
 
 def test_best_of_with_logprobs_returns_the_chosen_branches_logprobs() -> None:
@@ -73,7 +68,7 @@ def test_best_of_with_logprobs_returns_the_chosen_branches_logprobs() -> None:
     assert choice.index == 0 and choice.token_ids == expected(PROMPT, 0, 4)
     assert choice.logprobs is not None
     mean = sum(e.logprob for e in choice.logprobs) / 4
-    assert math.isclose(mean, mean_logprob(request.sequences[2]))
+    assert math.isclose(mean, mean_logprob(request.branches[2]))
 
 
 # -- distinct openings over the fake ----------------------------------------------------

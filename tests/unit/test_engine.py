@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import replace
 
 import numpy as np
 
+from llama_srb.engine.build import Submission
+from llama_srb.engine.request import FinishReason, Request, RequestStatus
 from llama_srb.engine.runtime import Runtime
-from llama_srb.engine.sequence import FinishReason, Request, RequestStatus
 from llama_srb.sampling.constraint import GRAMMAR_COMPLETE
 from llama_srb.sampling.cut import Ids, Row
 from tests.unit.fake_context import (
@@ -37,7 +39,7 @@ def story(length: int) -> list[int]:
 
 def closed_once(request: Request) -> bool:
     return all(
-        isinstance(s.sampler, FakeSampler) and s.sampler.closed == 1 for s in request.sequences
+        isinstance(s.sampler, FakeSampler) and s.sampler.closed == 1 for s in request.branches
     )
 
 
@@ -64,6 +66,20 @@ def test_branches_fork_from_one_prefill_and_match_each_decoded_alone() -> None:
     assert host.count == snapshot.stats.steps and host.total > 0
 
 
+def test_a_deterministic_request_decodes_one_branch_for_all_its_choices() -> None:
+    engine, ctx = make_engine(n_batch=16)
+    prompt = story(20)
+    one = make_request("g", prompt, n=1, max_tokens=5, temperature=0.0)
+    request = Request(one.request_id, replace(one.spec, n_choices=3), one.branches, one.times)
+    assert request.spec.n_branches == 1
+    engine.add(request)
+    out = run(engine)
+    assert out.tokens("g") == {i: expected(prompt, 0, 5) for i in range(3)}
+    assert out.reasons("g") == {i: FinishReason.LENGTH for i in range(3)}
+    assert out.last("g").completion_tokens == 15  # what the client got: 3 choices of 5
+    assert engine.stats.generated_tokens == 5 and len(ctx.cells) == len(prompt) + 4
+
+
 def test_abort_mid_prefill_frees_the_request_and_keeps_what_was_computed() -> None:
     engine, _ = make_engine(n_batch=16)
     prompt = story(100)
@@ -74,7 +90,10 @@ def test_abort_mid_prefill_frees_the_request_and_keeps_what_was_computed() -> No
         out.add(engine.step())
     check_kv(engine)
     assert request.status is RequestStatus.PREFILLING and request.n_prefilled == 48
-    assert out.by_request == {}  # prefill steps publish nothing
+    # prefill steps publish no text: the admission, then how far the prompt was read
+    said = out.by_request["a"]
+    assert said[0].admitted and not any(o.choices for o in said)
+    assert [o.prompt_processed for o in said[1:]] == [16, 32, 48]
     out.add(engine.abort("a"))
     last = out.last("a")
     assert last.finished and last.error is None and last.completion_tokens == 0
@@ -109,9 +128,9 @@ def test_abort_while_decoding_caches_the_branches_and_a_waiting_request_just_lea
     out.add(engine.abort("wait"))
     assert out.reasons("wait") == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
     assert closed_once(waiting) and waiting.status is RequestStatus.FINISHED
-    assert all(s.seq_id == -1 for s in waiting.sequences)
+    assert all(s.seq_id == -1 for s in waiting.branches)
 
-    generated = [list(s.tokens) for s in running.sequences]
+    generated = [list(s.tokens) for s in running.branches]
     out.add(engine.abort("run"))
     assert out.reasons("run") == {0: FinishReason.ABORT, 1: FinishReason.ABORT}
     assert out.tokens("run") == {i: generated[i] for i in range(2)}
@@ -151,7 +170,7 @@ def test_an_unexpected_error_in_a_step_fails_what_is_in_flight_and_keeps_serving
         def sample(self, row: Row, *rest: object) -> int:
             raise RuntimeError("sampler exploded")
 
-    broken.sequences[0].sampler = Broken()
+    broken.branches[0].sampler = Broken()
     engine.add(broken)
     out = run(engine)
     assert out.last("broken").error == "engine error: sampler exploded"
@@ -258,7 +277,7 @@ def test_endings_eos_min_tokens_stop_strings_grammar_and_zero_tokens() -> None:
             return GRAMMAR_COMPLETE if self.drawn > 2 else super().sample(row, forbidden)
 
     constrained = make_request("grammar", prompt, max_tokens=8)
-    constrained.sequences[0].sampler = Grammar()
+    constrained.branches[0].sampler = Grammar()
     engine.add(constrained)
     run(engine, out)
     assert out.tokens("grammar") == {0: expected(prompt, 0, 2)}
@@ -290,10 +309,12 @@ def test_the_runtime_delivers_the_engine_outputs_and_a_reader_leaving_aborts() -
         runtime.start()
         try:
             tokens: dict[int, list[int]] = {}
-            async for output in runtime.generate(make_request("a", prompt, n=2, max_tokens=5)):
+            async for output in runtime.generate(
+                Submission(make_request("a", prompt, n=2, max_tokens=5))
+            ):
                 for choice in output.choices:
                     tokens.setdefault(choice.index, []).extend(choice.token_ids)
-            leaving = runtime.generate(make_request("b", story(40), max_tokens=500))
+            leaving = runtime.generate(Submission(make_request("b", story(40), max_tokens=500)))
             await anext(leaving)
             await leaving.aclose()  # the reader leaves: its request is aborted
             for _ in range(200):

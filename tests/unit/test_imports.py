@@ -171,3 +171,24 @@ def test_the_api_reads_along_a_requests_path() -> None:
         )
     ]
     assert backwards == []
+
+
+# What the API may know of the engine: what it hands over (a spec, built into a
+# submission), the outputs it gets back, the thread's doorway (runtime, generation) and
+# what the engine publishes for other threads (the snapshot, the step watch, histograms).
+# Never the request and branch objects, nor the bookkeeping that writes them.
+ENGINE_SEAM = {
+    f"{PACKAGE}.engine.{name}"
+    for name in ("spec", "build", "outputs", "runtime", "generation", "watch", "stats", "histogram")
+}
+
+
+def test_the_api_holds_no_engine_object_only_ids_and_outputs() -> None:
+    crossing = [
+        f"{module} imports {target}"
+        for module, targets in graph().items()
+        if module.startswith(f"{PACKAGE}.api.")
+        for target in targets
+        if target.startswith(f"{PACKAGE}.engine.") and target not in ENGINE_SEAM
+    ]
+    assert crossing == []

@@ -13,21 +13,25 @@ from llama_srb.engine.kv import (
     as_tokens,
     common_prefix,
 )
+from llama_srb.engine.request import Request, RequestStatus
 from llama_srb.engine.scheduler import Scheduler
-from llama_srb.engine.sequence import Request, RequestStatus, Sequence
-from llama_srb.sampling.params import SamplingParams
+from tests.unit.fake_context import bare_request
 
 BOS = 2
 _fresh = iter(range(1000, 10**9))
 
 
 def make(rid: str, prompt: list[int], n: int = 1, max_tokens: int = 4) -> Request:
-    return Request(
-        rid,
-        prompt,
-        SamplingParams(max_tokens=max_tokens),
-        [Sequence(index=i) for i in range(n)],
-    )
+    return bare_request(rid, prompt, n, max_tokens=max_tokens)
+
+
+def admit(budget: KvBudget, request: Request) -> list[KvOp]:
+    """Admit as the scheduler does: the grant's sequence ids and forked prefix recorded."""
+    grant = budget.admit(request)
+    for branch, seq_id in zip(request.branches, grant.seq_ids, strict=True):
+        branch.seq_id = seq_id
+    request.n_prefilled = request.n_cached = grant.forked
+    return list(grant.ops)
 
 
 def text(length: int) -> list[int]:
@@ -39,8 +43,8 @@ def run(budget: KvBudget, request: Request, generated: list[list[int]] | None = 
     """Admit `request`, end its branches (branch i's cells hold its prompt + generated[i]),
     then end the request: what the scheduler does through a request's life."""
     assert budget.can_admit(request)
-    budget.admit(request)
-    for seq, tokens in zip(request.sequences, generated or [[]] * request.n, strict=True):
+    admit(budget, request)
+    for seq, tokens in zip(request.branches, generated or [[]] * request.n_branches, strict=True):
         budget.release_sequence(request, seq.seq_id, request.prompt + tokens)
         seq.seq_id = -1
     budget.release_request(request)
@@ -105,7 +109,7 @@ def test_a_request_forks_from_the_cache_and_pins_its_source() -> None:
     first = run(budget, make("a", story[:-1]), [story[-1:]])
     assert first.n_cached == 0
     second = make("b", [*story, *text(2)])
-    ops = budget.admit(second)
+    ops = admit(budget, second)
     assert ops == [KvOp(0, second.primary.seq_id, 0, len(story))]
     assert second.n_prefilled == second.n_cached == len(story)
     assert budget.cells_reserved == 2 + 4
@@ -131,7 +135,7 @@ def test_admission_evicts_cached_paths_lru_first_when_cells_run_short() -> None:
     budget.cache.park(budget._free_ids.pop(), [8] * 8)
     request = make("big", [1] * 10, max_tokens=2)  # needs 12 cells; 4 are free
     assert budget.can_admit(request)
-    ops = budget.admit(request)
+    ops = admit(budget, request)
     evicted = [op.dst for op in ops if op.is_remove]
     assert len(evicted) == 1
     assert [p.tokens[0] for p in budget.cache.paths] == [8]
@@ -172,7 +176,7 @@ def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
     prompt = [BOS, *text(94)]  # shares only the BOS token with the cached story
     first = make("new", prompt, max_tokens=8)
     assert budget.match(first) == (None, 0)
-    budget.admit(first)
+    admit(budget, first)
     assert first.n_cached == 0 and not any(p.pins for p in budget.cache.paths)
     budget.release_sequence(first, first.primary.seq_id, prompt + text(8))
     budget.release_request(first)
@@ -187,7 +191,7 @@ def test_parking_does_not_evict_the_parked_path_for_an_unrelated_pinned_one() ->
     story = [BOS, *text(500)]
     run(budget, make("story", story), [text(4)])
     reader = make("reader", [*story, *text(2)], max_tokens=50)  # pins the story's path
-    budget.admit(reader)
+    admit(budget, reader)
     short = run(budget, make("short", [BOS, *text(200)]), [text(4)])
     # 505 pinned + 205 idle cells exceed 600, but only the 205 idle ones count.
     assert any(p.tokens[1] == short.prompt[1] for p in budget.cache.paths)
@@ -220,7 +224,7 @@ def test_a_running_request_is_always_admitted_over_idle_paths() -> None:
     assert budget.cache.cells() > 900  # the cache has taken the whole context
     big = make("big", [BOS, *text(600)], n=4, max_tokens=90)  # 960 cells
     assert budget.can_admit(big)
-    budget.admit(big)
+    admit(budget, big)
     assert budget.cells_used <= budget.n_cells
     check_invariants(budget)
 
@@ -230,13 +234,13 @@ def test_a_request_waits_only_for_cells_running_requests_hold() -> None:
     story = [BOS, *text(500)]
     run(budget, make("story", story))
     reader = make("reader", [*story, *text(2)], max_tokens=100)  # pins 501, reserves 102
-    budget.admit(reader)
+    admit(budget, reader)
     big = make("big", [BOS, *text(300)], max_tokens=250)  # 551 cells: 603 + 551 > 1000
     assert not budget.can_admit(big)
     budget.release_sequence(reader, reader.primary.seq_id, reader.prompt + text(4))
     budget.release_request(reader)
     assert budget.can_admit(big)  # the story is idle now: evicted for the running request
-    budget.admit(big)
+    admit(budget, big)
     assert not budget.cache.paths
     check_invariants(budget)
 
@@ -249,7 +253,7 @@ def test_random_traffic_keeps_the_books_exact() -> None:
     for step in range(400):
         if running and (rng.random() < 0.5 or len(running) > 2):
             request = running.pop(rng.randrange(len(running)))
-            for seq in request.sequences:
+            for seq in request.branches:
                 path = request.prompt + text(rng.randrange(0, 5)) if rng.random() < 0.9 else None
                 budget.release_sequence(request, seq.seq_id, path)
             budget.release_request(request)
@@ -258,10 +262,10 @@ def test_random_traffic_keeps_the_books_exact() -> None:
             prompt = story[: rng.randrange(2, len(story) + 1)] + text(rng.randrange(1, 30))
             request = make(str(step), prompt, n=rng.randrange(1, 4), max_tokens=8)
             if budget.can_admit(request):
-                budget.admit(request)
+                admit(budget, request)
                 running.append(request)
         check_invariants(budget)
-        live_ids = sum(r.n for r in running)
+        live_ids = sum(r.n_branches for r in running)
         assert budget.free_ids + len(budget.cache.paths) + live_ids == budget.n_seq
 
 

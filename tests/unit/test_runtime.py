@@ -10,11 +10,12 @@ import pytest
 
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
+from llama_srb.engine.build import Submission
 from llama_srb.engine.generation import EngineDied
 from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.request import Request
 from llama_srb.engine.runtime import Runtime
-from llama_srb.engine.sequence import Request, Sequence
-from llama_srb.sampling.params import SamplingParams
+from tests.unit.fake_context import bare_request
 
 
 class Fatal(BaseException):
@@ -48,7 +49,8 @@ class FakeEngine:
     def fail(self, requests: list[Request], message: str) -> list[RequestOutput]:
         self.failed.append(message)
         return [
-            RequestOutput(r.request_id, [], 1, 0, finished=True, error=message) for r in requests
+            RequestOutput(r.request_id, [], 1, 1, 0, r.times, finished=True, error=message)
+            for r in requests
         ]
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -60,7 +62,7 @@ class FakeEngine:
 
 
 def make_request() -> Request:
-    return Request("cmpl-1", [1, 2], SamplingParams(), [Sequence(index=0)])
+    return bare_request("cmpl-1", [1, 2])
 
 
 def test_a_submission_that_raises_fails_its_request_and_the_engine_keeps_serving() -> None:
@@ -68,7 +70,7 @@ def test_a_submission_that_raises_fails_its_request_and_the_engine_keeps_serving
         runtime = Runtime(FakeEngine(add_error=ValueError("bad state")))  # type: ignore[arg-type]
         runtime.start()
         try:
-            generation = runtime.generate(make_request(), timeout=10)
+            generation = runtime.generate(Submission(make_request()), timeout=10)
             return await anext(generation)
         finally:
             runtime.stop()
@@ -87,7 +89,7 @@ def test_a_dead_engine_thread_fails_every_reader_at_once() -> None:
             on_death=lambda why: loop.call_soon_threadsafe(deaths.put_nowait, why),
         )
         runtime.start()
-        generation = runtime.generate(make_request(), timeout=600)
+        generation = runtime.generate(Submission(make_request()), timeout=600)
         reason = await asyncio.wait_for(deaths.get(), 10)
         runtime.fail_flights(reason)
         with pytest.raises(EngineDied) as raised:

@@ -1,17 +1,12 @@
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.outputs import ChoiceDelta
+from llama_srb.engine.request import FinishReason, Request, RequestStatus
 from llama_srb.engine.scheduler import Scheduler
-from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
-from llama_srb.sampling.params import SamplingParams
+from tests.unit.fake_context import bare_request
 
 
 def make(rid: str, prompt_len: int, n: int = 1, max_tokens: int = 8) -> Request:
-    return Request(
-        rid,
-        list(range(prompt_len)),
-        SamplingParams(max_tokens=max_tokens),
-        [Sequence(index=i) for i in range(n)],
-    )
+    return bare_request(rid, list(range(prompt_len)), n, max_tokens=max_tokens)
 
 
 def scheduler(n_seq: int = 8, n_cells: int = 1000, n_batch: int = 64) -> Scheduler:
@@ -77,7 +72,7 @@ def test_admission_respects_sequence_ids_and_cells_in_arrival_order() -> None:
 
     # A finished branch returns its id and cells; the queue moves on.
     s.postprocess([(big, [ChoiceDelta(2, finish_reason=FinishReason.STOP)])])
-    assert big.sequences[2].finished and big.sequences[2].seq_id == -1
+    assert big.branches[2].finished and big.branches[2].seq_id == -1
     s.schedule()
     assert [r.request_id for r in s.running] == ["big", "blocked"]
 

@@ -3,26 +3,27 @@ context: the queue by client, the reserve for small requests, per-client caps.""
 
 from __future__ import annotations
 
-from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.kv import KvBudget, Shortage
 from llama_srb.engine.outputs import ChoiceDelta
+from llama_srb.engine.request import FinishReason, Request, RequestStatus
 from llama_srb.engine.scheduler import Scheduler
-from llama_srb.engine.sequence import FinishReason, Request, RequestStatus, Sequence
 from llama_srb.engine.share import ShareRules
-from llama_srb.sampling.params import SamplingParams
-from tests.unit.fake_context import FakeModel, Outputs, check_kv, make_engine, make_request
+from tests.unit.fake_context import (
+    FakeModel,
+    Outputs,
+    bare_request,
+    check_kv,
+    make_engine,
+    make_request,
+)
 
 _clock = iter(range(1_000_000))
 
 
 def make(rid: str, client: str, n: int = 1, prompt_len: int = 4, max_tokens: int = 8) -> Request:
     """A request that arrived after every one made before it."""
-    return Request(
-        rid,
-        list(range(prompt_len)),
-        SamplingParams(max_tokens=max_tokens),
-        [Sequence(index=i) for i in range(n)],
-        arrival=float(next(_clock)),
-        client=client,
+    return bare_request(
+        rid, list(range(prompt_len)), n, client, float(next(_clock)), max_tokens=max_tokens
     )
 
 
@@ -80,7 +81,7 @@ def test_a_waiting_large_request_is_not_overtaken_by_other_clients() -> None:
     s.add(make("big", "b", n=2))  # its turn (b holds nothing), one sequence short
     s.add(make("small", "c", n=1))  # would fit; no reserve to go into: it waits
     plan = s.schedule()
-    assert plan.admitted == [] and plan.blocked == "sequences"
+    assert plan.admitted == [] and plan.blocked is Shortage.SEQUENCES
 
 
 def test_a_prompt_list_of_one_client_does_not_hold_back_anothers_request() -> None:
@@ -114,7 +115,7 @@ def test_a_large_request_may_not_use_the_reserves_cells() -> None:
     s.add(make("first", "a", n=2, max_tokens=50))  # 104 cells
     s.add(make("second", "b", n=1, max_tokens=60))  # 64 more: into the 40-cell reserve
     plan = s.schedule()
-    assert [r.request_id for r in plan.admitted] == ["first"] and plan.blocked == "cells"
+    assert [r.request_id for r in plan.admitted] == ["first"] and plan.blocked is Shortage.CELLS
 
 
 def test_small_requests_pass_a_waiting_one_only_within_the_reserve() -> None:
@@ -162,7 +163,7 @@ def test_a_client_at_its_cap_waits_for_its_own_requests_and_others_go_on() -> No
     for request in (first, make("a2", "a", n=2), make("b1", "b", n=2)):
         s.add(request)
     assert admitted(s) == ["a1", "b1"]  # a2 would give `a` 5 sequences
-    assert s.schedule().blocked == "sequences"  # its client's share of them
+    assert s.schedule().blocked is Shortage.SEQUENCES  # its client's share of them
     end(s, first)
     assert admitted(s) == ["a2"]
 

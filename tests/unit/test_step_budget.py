@@ -4,7 +4,7 @@ and a prompt with nothing decoding beside it fills the batch. No model, no clock
 from __future__ import annotations
 
 from llama_srb.engine.pacing import MIN_CHUNK, PROBE_CHUNK, StepPacer
-from llama_srb.engine.sequence import RequestStatus
+from llama_srb.engine.request import RequestStatus
 from tests.unit.fake_context import Outputs, make_engine, make_request, run
 from tests.unit.test_scheduler import make, scheduler
 

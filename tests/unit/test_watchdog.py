@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from llama_srb.api.app import create_app
 from llama_srb.config import Settings
+from llama_srb.engine.build import Submission
 from llama_srb.engine.generation import Generation
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.watch import Step, StepWatch, Watchdog
@@ -59,7 +60,7 @@ def blocked() -> Iterator[tuple[Runtime, BlockingContext]]:
     request = make_request("stuck-1", FakeModel.tokens("story"), n=2, max_tokens=4)
 
     async def submit() -> Generation:
-        return runtime.generate(request)
+        return runtime.generate(Submission(request))
 
     generation = loop.run_until_complete(submit())  # held: dropping it would abort it
     ctx.entered.wait()

@@ -240,7 +240,7 @@ def chat_params(
     if max_tokens is None:
         max_tokens = body.max_tokens
     if max_tokens is None:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.branches)
+        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n_branches)
     params = request_params(body, model, n_ctx, max_tokens=max_tokens)
     # Chat's logprobs is a switch; the engine's is the number of alternatives (or None).
     k = (body.top_logprobs or 0) if body.logprobs else None

@@ -30,7 +30,7 @@ def native_params(
         raise ParamError("n_predict", f"n_predict must be -1 or more, got {body.n_predict}")
     max_tokens = body.n_predict
     if max_tokens is None or max_tokens == -1:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.branches)
+        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n_branches)
     logprobs = body.n_probs if body.n_probs > 0 else None
     params = request_params(body, model, n_ctx, max_tokens=max_tokens, logprobs=logprobs)
     if body.samplers is not None:

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import math
 import re
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.prompts import Prompt
 from llama_srb.api.schemas.sampling import SamplingFields
-from llama_srb.engine.engine import build_request
-from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.engine.build import Submission, build
+from llama_srb.engine.spec import RequestSpec
 from llama_srb.loader import LoadedEngine
 from llama_srb.native import Model, vocab_error
 from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, constraints_for
@@ -53,69 +51,45 @@ def _text_tokens(model: Model) -> Callable[[str], list[int]]:
     return lambda text: model.tokenize(text, add_special=False, parse_special=False)
 
 
-def default_max_tokens(n_ctx: int, prompt_len: int, n: int) -> int:
-    """What fits: the context left after the prompt, shared by the n branches, capped.
+def default_max_tokens(n_ctx: int, prompt_len: int, n_branches: int) -> int:
+    """What fits: the context left after the prompt, shared by the branches, capped.
     At least 1, so that a prompt that leaves no room gets the context-length error."""
-    fits = (n_ctx - prompt_len) // max(n, 1)
+    fits = (n_ctx - prompt_len) // max(n_branches, 1)
     return max(1, min(fits, DEFAULT_MAX_TOKENS_CAP))
 
 
 # -- the engine requests --------------------------------------------------------------
 
 
-def build(
-    loaded: LoadedEngine,
-    n: int,
-    prompt: list[int],
-    params: SamplingParams,
-    prefix: str,
-    prompt_logprobs: bool = False,
-    best_of: int | None = None,
-) -> EngineRequest:
-    """The engine request for one prompt, its sampler chains built (a worker thread's job).
-    With `best_of` (> n), that many branches are decoded and the n best returned."""
-    if not prompt:
+def build_all(loaded: LoadedEngine, specs: Sequence[RequestSpec]) -> list[Submission]:
+    """One engine request per spec, its sampler chains built (a worker thread's job); if
+    any cannot be, none is kept."""
+    for spec in specs:
+        _check_fits(spec, loaded.n_ctx)
+    built: list[Submission] = []
+    try:
+        for spec in specs:
+            built.append(build(loaded.model, spec))
+    except BaseException:
+        for submission in built:
+            submission.close()
+        raise
+    return built
+
+
+def _check_fits(spec: RequestSpec, n_ctx: int) -> None:
+    if not spec.prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
-    branches = max(n, best_of or 0)
-    needed = len(prompt) + branches * params.max_tokens
-    if needed > loaded.n_ctx:
+    if spec.cells_needed > n_ctx:
         raise APIError(
             400,
-            f"this request needs {needed} tokens of context ({len(prompt)} in the prompt + "
-            f"{branches} branches × max_tokens={params.max_tokens}) but the server has"
-            f" {loaded.n_ctx}; shorten the prompt or lower n, best_of or max_tokens",
+            f"this request needs {spec.cells_needed} tokens of context ({len(spec.prompt)} in"
+            f" the prompt + {spec.n_branches} branches × max_tokens={spec.params.max_tokens})"
+            f" but the server has {n_ctx}; shorten the prompt or lower n, best_of or"
+            " max_tokens",
             param="max_tokens",
             code="context_length_exceeded",
         )
-    request_id = f"{prefix}-{uuid.uuid4().hex}"
-    return build_request(loaded.model, request_id, prompt, params, n, prompt_logprobs, best_of)
-
-
-def build_all(
-    loaded: LoadedEngine,
-    n: int,
-    prompts: Sequence[Prompt],
-    params: SamplingParams,
-    prefix: str,
-    prompt_logprobs: bool = False,
-    best_of: int | None = None,
-) -> list[EngineRequest]:
-    """One engine request per prompt; if any cannot be built, none is kept."""
-    requests: list[EngineRequest] = []
-    try:
-        for prompt in prompts:
-            tokens = prompt.tokens
-            requests.append(build(loaded, n, tokens, params, prefix, prompt_logprobs, best_of))
-    except BaseException:
-        discard(requests)
-        raise
-    return requests
-
-
-def discard(requests: list[EngineRequest]) -> None:
-    """Free the native samplers of requests that were built but will never be submitted."""
-    for request in requests:
-        request.close()
 
 
 # -- what constrains the output: a grammar, logit bias --------------------------------

@@ -1,22 +1,23 @@
-"""Engine outputs → /v1/chat/completions' answer: the SSE chunks of a stream, or the
-choices of a whole chat completion."""
+"""Engine outputs → /v1/chat/completions' answer: the SSE chunks of a stream, or the whole
+chat completion."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from llama_srb.api.render.choices import ChoiceResult
+from llama_srb.api.render.choices import gather
 from llama_srb.api.render.logprobs import Piece, chat_logprobs
 from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
-from llama_srb.api.schemas.chat import AssistantMessage, ChatChoice, ChoiceLogprobs
-from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.api.schemas.chat import AssistantMessage, ChatChoice, ChatCompletion, ChoiceLogprobs
+from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, RequestOutput
 
 
 @dataclass
-class ChatStream(ChunkStream):
-    """SSE events of a /v1/chat/completions stream: each choice's `role` first, then its
-    content deltas, then its finish reason; a usage chunk on request, then `[DONE]`."""
+class ChatAnswer(ChunkStream):
+    """A /v1/chat/completions call's answer. Streamed: each choice's `role` first, then
+    its content deltas, then its finish reason; a usage chunk on request, then `[DONE]`.
+    Whole: every choice (`collect`)."""
 
     object_name = "chat.completion.chunk"
 
@@ -63,8 +64,19 @@ class ChatStream(ChunkStream):
         content = chat_logprobs(delta.logprobs, self.piece)
         return {"content": [c.model_dump() for c in content], "refusal": None}
 
+    async def collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> object:
+        result = await gather(outputs, 1, self.n)
+        completion = ChatCompletion(
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=[chat_choice(choice, self.piece) for choice in result.choices],
+            usage=result.usage.usage(),
+        )
+        return completion.model_dump()
 
-def chat_choice(choice: ChoiceResult, piece: Piece | None) -> ChatChoice:
+
+def chat_choice(choice: ChoiceSoFar, piece: Piece | None) -> ChatChoice:
     logprobs = None
     if piece is not None:
         logprobs = ChoiceLogprobs(content=chat_logprobs(choice.logprobs, piece))

@@ -1,5 +1,5 @@
-"""Engine outputs → /v1/completions' answer: the SSE chunks of a stream, or the choices of
-a whole completion. A call with p prompts and `n` has p*n choices (input/prompts.py)."""
+"""Engine outputs → /v1/completions' answer: the SSE chunks of a stream, or the whole
+completion. A call with p prompts and `n` has p*n choices (input/prompts.py)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,23 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
-from llama_srb.api.render.choices import ChoiceResult, Gathered
+from llama_srb.api.render.choices import Gathered, gather
 from llama_srb.api.render.logprobs import Piece, completion_logprobs, concat
 from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
 from llama_srb.api.schemas.completions import (
+    Completion,
     CompletionChoice,
     CompletionLogprobs,
-    CompletionRequest,
 )
-from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
+from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, RequestOutput
 from llama_srb.sampling.logprobs import TokenLogprob
 
 
 @dataclass
-class CompletionStream(ChunkStream):
-    """SSE events of a /v1/completions stream: with `echo`, each prompt's text first; then,
-    per engine step, one chunk for each choice that advanced; a usage chunk on request,
-    then `[DONE]`."""
+class CompletionAnswer(ChunkStream):
+    """A /v1/completions call's answer. Streamed: with `echo`, each prompt's text first;
+    then, per engine step, one chunk for each choice that advanced; a usage chunk on
+    request, then `[DONE]`. Whole: every choice (`collect`)."""
 
     prompts: Sequence[Prompt] = ()
     echo: bool = False
@@ -38,8 +38,8 @@ class CompletionStream(ChunkStream):
             if out.error is not None:
                 yield error_event(out.error)
                 break
-            if self.echo and position not in echoed:
-                echoed.add(position)
+            if self.echo and position not in echoed and (out.choices or out.finished):
+                echoed.add(position)  # once its prompt is scored: with its first tokens
                 yield self._each(self._echo(position, out))
             usage.add(position, out)
             choices = [
@@ -80,28 +80,39 @@ class CompletionStream(ChunkStream):
         reason = delta.finish_reason.value if delta.finish_reason else None
         return {"index": index, "text": delta.text, "logprobs": logprobs, "finish_reason": reason}
 
-
-def completion_choices(
-    result: Gathered, prompts: list[Prompt], body: CompletionRequest, piece: Piece | None
-) -> list[CompletionChoice]:
-    choices = []
-    for choice in result.choices:
-        position = prompt_position(choice.index, body.n)
-        prompt = prompts[position]
-        scores = result.prompt_logprobs[position] if body.echo else None
-        choices.append(
-            CompletionChoice(
-                index=choice.index,
-                text=prompt.text + choice.text if body.echo else choice.text,
-                logprobs=_logprobs(choice, prompt, body.echo, scores, piece) if piece else None,
-                finish_reason=choice.finish_reason,
-            )
+    async def collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> object:
+        result = await gather(outputs, len(self.prompts), self.n)
+        completion = Completion(
+            id=self.request_id,
+            created=self.created,
+            model=self.model,
+            choices=self._choices(result),
+            usage=result.usage.usage(),
         )
-    return choices
+        return completion.model_dump()
+
+    def _choices(self, result: Gathered) -> list[CompletionChoice]:
+        choices = []
+        for choice in result.choices:
+            position = prompt_position(choice.index, self.n)
+            prompt = self.prompts[position]
+            scores = result.prompt_logprobs[position] if self.echo else None
+            logprobs = (
+                _logprobs(choice, prompt, self.echo, scores, self.piece) if self.piece else None
+            )
+            choices.append(
+                CompletionChoice(
+                    index=choice.index,
+                    text=prompt.text + choice.text if self.echo else choice.text,
+                    logprobs=logprobs,
+                    finish_reason=choice.finish_reason,
+                )
+            )
+        return choices
 
 
 def _logprobs(
-    choice: ChoiceResult,
+    choice: ChoiceSoFar,
     prompt: Prompt,
     echo: bool,
     scores: list[TokenLogprob | None] | None,

@@ -19,10 +19,9 @@ from typing import Any
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.render.logprobs import Vocabulary
-from llama_srb.api.render.native import NativeResult, stop_info
+from llama_srb.api.render.native import stop_info
 from llama_srb.api.render.sse import error_event, named_event
-from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.sequence import FinishReason
+from llama_srb.engine.outputs import ChoiceSoFar, FinishReason, RequestOutput
 from llama_srb.sampling.logprobs import TokenLogprob
 
 RUNNING = "null"  # KoboldCpp's finish_reason while a stream runs: the string
@@ -37,11 +36,11 @@ class KoboldCall:
     trim_stop: bool
     logprobs: bool
     vocab: Vocabulary
-    results: list[NativeResult] = field(init=False)
+    results: list[ChoiceSoFar] = field(init=False)
     prompt_tokens: int = 0
 
     def __post_init__(self) -> None:
-        self.results = [NativeResult(i) for i in range(self.n)]
+        self.results = [ChoiceSoFar(i) for i in range(self.n)]
 
     def _add(self, out: RequestOutput) -> None:
         if out.error is not None:
@@ -60,7 +59,7 @@ class KoboldCall:
 
     def pending(self) -> dict[str, Any]:
         """The answer of /api/extra/generate/check: each branch's text so far."""
-        return {"results": [{"text": r.content} for r in self.results]}
+        return {"results": [{"text": r.text} for r in self.results]}
 
     async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
         result = self.results[0]
@@ -77,16 +76,16 @@ class KoboldCall:
                     reason = _reason(result.finish_reason) if ended else RUNNING
                     yield named_event("message", {"token": token, "finish_reason": reason})
 
-    def _result(self, result: NativeResult) -> dict[str, Any]:
+    def _result(self, result: ChoiceSoFar) -> dict[str, Any]:
         return {
-            "text": result.content + self._kept_stop(result),
+            "text": result.text + self._kept_stop(result),
             "finish_reason": _reason(result.finish_reason),
-            "logprobs": self._logprobs(result.probs) if self.logprobs else None,
+            "logprobs": self._logprobs(result.logprobs) if self.logprobs else None,
             "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": len(result.tokens),
+            "completion_tokens": len(result.token_ids),
         }
 
-    def _kept_stop(self, result: NativeResult) -> str:
+    def _kept_stop(self, result: ChoiceSoFar) -> str:
         if self.trim_stop or result.finish_reason is not FinishReason.STOP:
             return ""
         kind, word = stop_info(result, self.stops, self.vocab.text)

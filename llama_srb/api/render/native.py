@@ -19,8 +19,7 @@ from llama_srb.api.errors import APIError
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.logprobs import Vocabulary
 from llama_srb.api.render.sse import error_event, event
-from llama_srb.engine.outputs import ChoiceDelta, RequestOutput
-from llama_srb.engine.sequence import FinishReason
+from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, FinishReason, RequestOutput
 from llama_srb.sampling.chain import DEFAULT_ORDER
 from llama_srb.sampling.logprobs import TokenLogprob
 from llama_srb.sampling.params import SamplingParams
@@ -42,34 +41,6 @@ class NativeOptions:
 
 
 @dataclass
-class NativeResult:
-    """One result (one branch of one prompt) as it accumulates."""
-
-    index: int
-    parts: list[str] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    probs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    first_at: float | None = None  # when its first token arrived
-    ended_at: float | None = None
-
-    @property
-    def content(self) -> str:
-        return "".join(self.parts)
-
-    def add(self, delta: ChoiceDelta, now: float) -> None:
-        if self.first_at is None:
-            self.first_at = now
-        self.parts.append(delta.text)
-        self.tokens.extend(delta.token_ids)
-        if delta.logprobs:
-            self.probs.extend(delta.logprobs)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.ended_at = now
-
-
-@dataclass
 class NativeCall:
     """One /completion call: its prompts, options and results, rendered either way."""
 
@@ -78,18 +49,18 @@ class NativeCall:
     prompts: Sequence[Prompt]
     vocab: Vocabulary
     started: float = field(default_factory=time.perf_counter)
-    results: dict[int, NativeResult] = field(default_factory=dict)
+    results: dict[int, ChoiceSoFar] = field(default_factory=dict)
     cached: dict[int, int] = field(default_factory=dict)  # per prompt position
 
     # -- reading the engine's outputs ---------------------------------------------------
 
-    def _deltas(self, position: int, out: RequestOutput) -> list[tuple[NativeResult, ChoiceDelta]]:
+    def _deltas(self, position: int, out: RequestOutput) -> list[tuple[ChoiceSoFar, ChoiceDelta]]:
         now = time.perf_counter()
         self.cached[position] = out.cached_tokens
         seen = []
         for delta in out.choices:
             index = choice_index(position, self.options.n, delta.index)
-            result = self.results.setdefault(index, NativeResult(index))
+            result = self.results.setdefault(index, ChoiceSoFar(index))
             result.add(delta, now)
             seen.append((result, delta))
         return seen
@@ -119,40 +90,40 @@ class NativeCall:
 
     # -- rendering ------------------------------------------------------------------------
 
-    def _position(self, result: NativeResult) -> int:
+    def _position(self, result: ChoiceSoFar) -> int:
         return prompt_position(result.index, self.options.n)
 
-    def partial(self, result: NativeResult, delta: ChoiceDelta) -> dict[str, Any]:
+    def partial(self, result: ChoiceSoFar, delta: ChoiceDelta) -> dict[str, Any]:
         event: dict[str, Any] = {
             "index": result.index,
             "content": delta.text,
             "tokens": delta.token_ids,
             "stop": False,
             "id_slot": result.index,
-            "tokens_predicted": len(result.tokens),
+            "tokens_predicted": len(result.token_ids),
             "tokens_evaluated": len(self.prompts[self._position(result)].tokens),
         }
         if self.options.n_probs > 0 and delta.logprobs:
             event["completion_probabilities"] = self.probabilities(delta.logprobs)
         return event
 
-    def final(self, result: NativeResult) -> dict[str, Any]:
+    def final(self, result: ChoiceSoFar) -> dict[str, Any]:
         prompt = self.prompts[self._position(result)]
         stop_type, word = stop_info(result, self.params.stop, self.vocab.text)
         stream = self.options.stream
-        content = "" if stream else result.content  # a stream sent it already
+        content = "" if stream else result.text  # a stream sent it already
         body: dict[str, Any] = {
             "index": result.index,
             "content": content,
-            "tokens": result.tokens if self.options.return_tokens and not stream else [],
+            "tokens": result.token_ids if self.options.return_tokens and not stream else [],
             "id_slot": result.index,
             "stop": True,
             "model": self.options.model,
-            "tokens_predicted": len(result.tokens),
+            "tokens_predicted": len(result.token_ids),
             "tokens_evaluated": len(prompt.tokens),
             "generation_settings": generation_settings(self.params, self.options),
             "prompt": prompt.text,
-            "has_new_line": "\n" in result.content,
+            "has_new_line": "\n" in result.text,
             "truncated": False,
             "stop_type": stop_type,
             "stopping_word": word,
@@ -160,16 +131,16 @@ class NativeCall:
             "timings": self.timings(result, len(prompt.tokens)),
         }
         if not stream and self.options.n_probs > 0:
-            body["completion_probabilities"] = self.probabilities(result.probs)
+            body["completion_probabilities"] = self.probabilities(result.logprobs)
         return body
 
-    def timings(self, result: NativeResult, prompt_tokens: int) -> dict[str, Any]:
+    def timings(self, result: ChoiceSoFar, prompt_tokens: int) -> dict[str, Any]:
         """llama-server's `timings`. The prompt's time runs from the call to the result's
         first token (queueing included); the rest is generation."""
         cached = self.cached.get(self._position(result), 0)
         first = result.first_at if result.first_at is not None else self.started
         ended = result.ended_at if result.ended_at is not None else time.perf_counter()
-        prompt_n, predicted_n = prompt_tokens - cached, len(result.tokens)
+        prompt_n, predicted_n = prompt_tokens - cached, len(result.token_ids)
         prompt_ms, predicted_ms = (first - self.started) * 1000, (ended - first) * 1000
         return {
             "cache_n": cached,
@@ -210,7 +181,7 @@ class NativeCall:
 
 
 def stop_info(
-    result: NativeResult, stops: Sequence[str], text: Callable[[Sequence[int]], str]
+    result: ChoiceSoFar, stops: Sequence[str], text: Callable[[Sequence[int]], str]
 ) -> tuple[str, str]:
     """llama-server's `stop_type` ("eos", "word", "limit", or "none" while running) and
     `stopping_word`. A stop string ends a result right after the text it held back: the
@@ -219,8 +190,8 @@ def stop_info(
         return "limit", ""
     if result.finish_reason is not FinishReason.STOP:
         return "none", ""
-    spelled = text(result.tokens)
-    tail = spelled[len(result.content) :]
+    spelled = text(result.token_ids)
+    tail = spelled[len(result.text) :]
     if tail and stops:
         word = next((s for s in stops if tail.startswith(s)), None)
         if word is None:  # a stop cut inside a character: the earliest one in the tail

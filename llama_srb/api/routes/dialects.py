@@ -21,10 +21,11 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llama_srb.api.deps import State, parsed
 from llama_srb.api.routes.tokenize import check_tokens, tokens_of
 from llama_srb.api.schemas.completions import ModelCard, ModelList
 from llama_srb.api.state import AppState
-from llama_srb.api.workers import body_spec, parsed
+from llama_srb.api.workers import body_spec
 
 
 class EncodeRequest(BaseModel):
@@ -76,82 +77,89 @@ class OobaModelInfo(BaseModel):
     lora_names: list[str] = Field(default_factory=list)
 
 
-def dialects_router(state: AppState) -> APIRouter:
-    router = APIRouter(prefix="/v1")
-    name = state.settings.model_name
+router = APIRouter(prefix="/v1")
 
-    def card() -> TabbyModelCard:
-        loaded = state.ready()
-        return TabbyModelCard(
-            id=name, created=state.created, parameters={"max_seq_len": loaded.n_ctx}
-        )
 
-    @router.get("/model/list", response_model=ModelList)
-    async def model_list() -> ModelList:
-        return ModelList(data=[card()])
+def card(state: AppState) -> TabbyModelCard:
+    loaded = state.ready()
+    return TabbyModelCard(
+        id=state.settings.model_name,
+        created=state.created,
+        parameters={"max_seq_len": loaded.n_ctx},
+    )
 
-    @router.get("/model", response_model=TabbyModelCard)
-    async def model() -> TabbyModelCard:
-        return card()
 
-    @router.get("/internal/model/info", response_model=OobaModelInfo)
-    async def model_info() -> OobaModelInfo:
-        state.ready()
-        return OobaModelInfo(model_name=name)
+@router.get("/model/list", response_model=ModelList)
+async def model_list(state: State) -> ModelList:
+    return ModelList(data=[card(state)])
 
-    async def encode(body: EncodeRequest) -> EncodeResponse:
-        loaded = state.ready()
 
-        def run() -> EncodeResponse:
-            tokens = tokens_of(loaded, body.content, body.add_bos_token, body.encode_special_tokens)
-            return EncodeResponse(tokens=tokens, length=len(tokens))
+@router.get("/model", response_model=TabbyModelCard)
+async def model(state: State) -> TabbyModelCard:
+    return card(state)
 
-        return await state.workers.run(run)
 
-    async def decode(body: DecodeRequest) -> DecodeResponse:
-        loaded = state.ready()
+@router.get("/internal/model/info", response_model=OobaModelInfo)
+async def model_info(state: State) -> OobaModelInfo:
+    state.ready()
+    return OobaModelInfo(model_name=state.settings.model_name)
 
-        def run() -> DecodeResponse:
-            check_tokens(loaded, body.tokens)
-            return DecodeResponse(text=loaded.model.detokenize(body.tokens))
 
-        return await state.workers.run(run)
+async def encode(state: AppState, body: EncodeRequest) -> EncodeResponse:
+    loaded = state.ready()
 
-    for prefix in ("/token", "/internal"):
+    def run() -> EncodeResponse:
+        tokens = tokens_of(loaded, body.content, body.add_bos_token, body.encode_special_tokens)
+        return EncodeResponse(tokens=tokens, length=len(tokens))
 
-        @router.post(
-            f"{prefix}/encode",
-            response_model=EncodeResponse,
-            openapi_extra=body_spec(EncodeRequest),
-        )
-        async def encode_route(
-            body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))],
-        ) -> Response:
-            return _json(await encode(body))
+    return await state.workers.run(run)
 
-        @router.post(
-            f"{prefix}/decode",
-            response_model=DecodeResponse,
-            openapi_extra=body_spec(DecodeRequest),
-        )
-        async def decode_route(
-            body: Annotated[DecodeRequest, Depends(parsed(DecodeRequest))],
-        ) -> Response:
-            return _json(await decode(body))
+
+async def decode(state: AppState, body: DecodeRequest) -> DecodeResponse:
+    loaded = state.ready()
+
+    def run() -> DecodeResponse:
+        check_tokens(loaded, body.tokens)
+        return DecodeResponse(text=loaded.model.detokenize(body.tokens))
+
+    return await state.workers.run(run)
+
+
+for prefix in ("/token", "/internal"):
 
     @router.post(
-        "/internal/token-count", response_model=TokenCount, openapi_extra=body_spec(EncodeRequest)
+        f"{prefix}/encode",
+        response_model=EncodeResponse,
+        openapi_extra=body_spec(EncodeRequest),
     )
-    async def token_count(
-        body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))],
+    async def encode_route(
+        body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))], state: State
     ) -> Response:
-        return _json(TokenCount(length=(await encode(body)).length))
+        return _json(await encode(state, body))
 
-    @router.post("/internal/stop-generation", response_model=str)
-    async def stop_generation() -> JSONResponse:
-        return JSONResponse("OK")  # text-generation-webui's answer
+    @router.post(
+        f"{prefix}/decode",
+        response_model=DecodeResponse,
+        openapi_extra=body_spec(DecodeRequest),
+    )
+    async def decode_route(
+        body: Annotated[DecodeRequest, Depends(parsed(DecodeRequest))], state: State
+    ) -> Response:
+        return _json(await decode(state, body))
 
-    return router
+
+@router.post(
+    "/internal/token-count", response_model=TokenCount, openapi_extra=body_spec(EncodeRequest)
+)
+async def token_count(
+    body: Annotated[EncodeRequest, Depends(parsed(EncodeRequest))], state: State
+) -> Response:
+    return _json(TokenCount(length=(await encode(state, body)).length))
+
+
+@router.post("/internal/stop-generation", response_model=str)
+async def stop_generation() -> JSONResponse:
+    return JSONResponse("OK")  # text-generation-webui's answer
 
 
 def _json(model: BaseModel) -> Response:

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from llama_srb.api.deps import State, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.kobold import kobold_budget, kobold_params, kobold_prompt
-from llama_srb.api.input.params import build_all, discard
+from llama_srb.api.input.params import build_all
 from llama_srb.api.render.kobold import KoboldCall
 from llama_srb.api.render.sse import sse_response
+from llama_srb.api.routes.generate import Prepared
 from llama_srb.api.routes.tokenize import tokens_of
 from llama_srb.api.schemas.kobold import (
     DEFAULT_MAX_LENGTH,
@@ -35,9 +37,9 @@ from llama_srb.api.schemas.kobold import (
 )
 from llama_srb.api.service import check_request, submit, until_disconnect
 from llama_srb.api.state import AppState
-from llama_srb.api.workers import body_spec, parsed
+from llama_srb.api.workers import body_spec
 from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.engine.spec import RequestSpec
 
 KOBOLDCPP_VERSION = "1.76"  # whose API this is: KoboldAI Lite turns features on by it
 KOBOLDAI_API_VERSION = "1.2.5"  # the KoboldAI United API version KoboldCpp reports
@@ -92,22 +94,22 @@ async def genkey_of(http: Request) -> str:
         return ""
 
 
-def kobold_router(state: AppState) -> APIRouter:
+def kobold_router() -> APIRouter:
+    """The routes, around the one registry of running generations by genkey."""
     router = APIRouter(prefix="/api")
-    settings = state.settings
     genkeys = GenKeys()
 
     def value(number: int) -> JSONResponse:
         return JSONResponse({"value": number})
 
-    async def model_name() -> JSONResponse:
+    async def model_name(state: State) -> JSONResponse:
         state.ready()
-        return JSONResponse({"result": settings.model_name})
+        return JSONResponse({"result": state.settings.model_name})
 
     async def api_version() -> JSONResponse:
         return JSONResponse({"result": KOBOLDAI_API_VERSION})
 
-    async def max_context_length() -> JSONResponse:
+    async def max_context_length(state: State) -> JSONResponse:
         return value(state.ready().n_ctx)
 
     async def max_length() -> JSONResponse:
@@ -122,11 +124,11 @@ def kobold_router(state: AppState) -> APIRouter:
         router.add_api_route(f"/{version}/config/max_length", max_length, methods=["GET"])
 
     @router.get("/extra/true_max_context_length")
-    async def true_max_context_length() -> JSONResponse:
+    async def true_max_context_length(state: State) -> JSONResponse:
         return value(state.ready().n_ctx)
 
     @router.get("/extra/version")
-    async def koboldcpp_version() -> JSONResponse:
+    async def koboldcpp_version(state: State) -> JSONResponse:
         return JSONResponse(
             {
                 "result": "KoboldCpp",
@@ -142,7 +144,9 @@ def kobold_router(state: AppState) -> APIRouter:
     async def preloadstory() -> JSONResponse:
         return JSONResponse({})  # no story is preloaded
 
-    async def generate(body: KoboldGenerateRequest, http: Request, stream: bool) -> Response:
+    async def generate(
+        state: AppState, body: KoboldGenerateRequest, http: Request, stream: bool
+    ) -> Response:
         if stream and body.n > 1:
             raise APIError(
                 400,
@@ -156,20 +160,23 @@ def kobold_router(state: AppState) -> APIRouter:
         genkeys.add(body.genkey, job)  # before it is built: an abort may come that early
         try:
 
-            def prepare() -> tuple[KoboldCall, list[EngineRequest]]:
+            def prepare() -> Prepared:
                 prompt = kobold_prompt(body, model, loaded.n_ctx)
                 _, max_length = kobold_budget(body, loaded.n_ctx)
                 params = kobold_params(body, model, loaded.n_ctx, max_length)
                 call = KoboldCall(body.n, params.stop, body.trim_stop, bool(body.logprobs), model)
-                return call, build_all(loaded, body.n, [prompt], params, "kcpp")
+                spec = RequestSpec(
+                    prompt.tokens, params, body.n, client=caller.client, prefix="kcpp"
+                )
+                return Prepared(build_all(loaded, [spec]), call)
 
-            call, requests = await state.workers.run(prepare, lambda built: discard(built[1]))
-            job.call = call
+            prepared = await state.workers.run(prepare, Prepared.close)
+            call = job.call = cast(KoboldCall, prepared.answer)
             if job.aborted:
-                discard(requests)
-                requests = []
-            job.request_ids = [r.request_id for r in requests]
-            outputs = submit(state, requests, caller) if requests else _nothing()
+                prepared.close()
+                prepared.submissions = []
+            job.request_ids = [s.request_id for s in prepared.submissions]
+            outputs = submit(state, prepared.submissions, caller) if job.request_ids else _nothing()
         except BaseException:
             genkeys.remove(body.genkey, job)
             raise
@@ -189,8 +196,9 @@ def kobold_router(state: AppState) -> APIRouter:
     async def generate_whole(
         body: Annotated[KoboldGenerateRequest, Depends(parsed(KoboldGenerateRequest))],
         http: Request,
+        state: State,
     ) -> Response:
-        return await generate(body, http, stream=False)
+        return await generate(state, body, http, stream=False)
 
     router.add_api_route(
         "/latest/generate",
@@ -207,10 +215,12 @@ def kobold_router(state: AppState) -> APIRouter:
     async def generate_stream(
         body: Annotated[KoboldGenerateRequest, Depends(parsed(KoboldGenerateRequest))],
         http: Request,
+        state: State,
     ) -> Response:
-        return await generate(body, http, stream=True)
+        return await generate(state, body, http, stream=True)
 
-    @router.api_route("/extra/generate/check", methods=["GET", "POST"])
+    @router.get("/extra/generate/check")
+    @router.post("/extra/generate/check")  # one route each: each its own OpenAPI operation
     async def check(http: Request) -> JSONResponse:
         genkey = await genkey_of(http) if http.method == "POST" else ""
         job = genkeys.find(genkey, client_scope(http))
@@ -219,7 +229,7 @@ def kobold_router(state: AppState) -> APIRouter:
         return JSONResponse(job.call.pending())
 
     @router.post("/extra/abort")
-    async def abort(http: Request) -> JSONResponse:
+    async def abort(http: Request, state: State) -> JSONResponse:
         job = genkeys.find(await genkey_of(http), client_scope(http))
         if job is None:
             return JSONResponse({"success": "false", "done": "false"})  # KoboldCpp's strings
@@ -235,6 +245,7 @@ def kobold_router(state: AppState) -> APIRouter:
     )
     async def tokencount(
         body: Annotated[TokenCountRequest, Depends(parsed(TokenCountRequest))],
+        state: State,
     ) -> JSONResponse:
         loaded = state.ready()
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from llama_srb.api.deps import State
 from llama_srb.api.schemas.completions import ModelCard, ModelList
-from llama_srb.api.state import AppState
+
+router = APIRouter()
 
 
-def models_router(state: AppState) -> APIRouter:
-    router = APIRouter()
-    card = ModelCard(id=state.settings.model_name, created=state.created)
-
-    @router.get("/models", response_model=ModelList)
-    async def models() -> ModelList:
-        return ModelList(data=[card])
-
-    return router
+@router.get("/models", response_model=ModelList)
+async def models(state: State) -> ModelList:
+    return ModelList(data=[ModelCard(id=state.settings.model_name, created=state.created)])

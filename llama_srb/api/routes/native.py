@@ -10,47 +10,39 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from llama_srb.api.clients import Caller
+from llama_srb.api.deps import State, parsed
 from llama_srb.api.input.native import native_params, sampler_list
-from llama_srb.api.input.params import build_all, discard
-from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
+from llama_srb.api.input.params import build_all
+from llama_srb.api.input.prompts import count_prompts, parse_prompts
 from llama_srb.api.render.native import NativeCall, NativeOptions, generation_settings
-from llama_srb.api.render.sse import sse_response
+from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.schemas.native import NativeCompletionRequest
-from llama_srb.api.service import check_request, submit, until_disconnect
-from llama_srb.api.state import AppState
-from llama_srb.api.workers import body_spec, parsed
-from llama_srb.engine.sequence import Request as EngineRequest
+from llama_srb.api.workers import body_spec
+from llama_srb.engine.spec import RequestSpec
+from llama_srb.loader import LoadedEngine
 from llama_srb.native import Model
 from llama_srb.sampling.params import SamplingParams
 
+router = APIRouter()
 
-def native_router(state: AppState) -> APIRouter:
-    router = APIRouter()
-    settings = state.settings
 
-    async def completion(
-        body: Annotated[NativeCompletionRequest, Depends(parsed(NativeCompletionRequest))],
-        http: Request,
-    ) -> Response:
-        caller = state.caller(http)
-        loaded = check_request(state, body, count_prompts(body.prompt), caller)
+async def completion(
+    body: Annotated[NativeCompletionRequest, Depends(parsed(NativeCompletionRequest))],
+    http: Request,
+    state: State,
+) -> Response:
+    def prepare(loaded: LoadedEngine, caller: Caller) -> Prepared:
         model = loaded.model
-
-        def prepare() -> tuple[list[Prompt], SamplingParams, list[EngineRequest]]:
-            prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
-            longest = max(len(p.tokens) for p in prompts)
-            params = native_params(body, model, loaded.n_ctx, longest)
-            return (
-                prompts,
-                params,
-                build_all(loaded, body.n, prompts, params, "cmpl", best_of=body.best_of),
-            )
-
-        prompts, params, requests = await state.workers.run(
-            prepare, lambda built: discard(built[2])
-        )
+        prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
+        longest = max(len(p.tokens) for p in prompts)
+        params = native_params(body, model, loaded.n_ctx, longest)
+        specs = [
+            RequestSpec(p.tokens, params, body.n, body.best_of, client=caller.client)
+            for p in prompts
+        ]
         options = NativeOptions(
-            model=settings.model_name,
+            model=state.settings.model_name,
             n=body.n,
             n_probs=body.n_probs,
             post_sampling_probs=body.post_sampling_probs,
@@ -58,57 +50,56 @@ def native_router(state: AppState) -> APIRouter:
             stream=body.stream,
             samplers=tuple(sampler_list(body)),
         )
-        call = NativeCall(options, params, prompts, model)
-        outputs = submit(state, requests, caller)
-        if body.stream:
-            return sse_response(call.events(outputs))
-        return JSONResponse(await until_disconnect(http, call.collect(outputs)))
+        return Prepared(build_all(loaded, specs), NativeCall(options, params, prompts, model))
 
-    for path in ("/completion", "/completions"):
-        router.add_api_route(
-            path,
-            completion,
-            methods=["POST"],
-            openapi_extra=body_spec(NativeCompletionRequest),
-            summary="llama.cpp's completion API",
-        )
+    return await respond(state, http, body, count_prompts(body.prompt), prepare)
 
-    @router.get("/props")
-    async def props() -> JSONResponse:
-        """llama-server's /props: what SillyTavern reads to derive its templates."""
-        loaded = state.ready()
-        served = state.chat_template()
-        model = loaded.model
-        # llama-server's defaults say -1 for "until the end"; ours is what fits (native_params)
-        defaults = {
-            **generation_settings(SamplingParams(), NativeOptions(settings.model_name, 1)),
-            "n_predict": -1,
-            "max_tokens": -1,
+
+for path in ("/completion", "/completions"):
+    router.add_api_route(
+        path,
+        completion,
+        methods=["POST"],
+        openapi_extra=body_spec(NativeCompletionRequest),
+        summary="llama.cpp's completion API",
+    )
+
+
+@router.get("/props")
+async def props(state: State) -> JSONResponse:
+    """llama-server's /props: what SillyTavern reads to derive its templates."""
+    settings = state.settings
+    loaded = state.ready()
+    served = state.chat_template()
+    model = loaded.model
+    # llama-server's defaults say -1 for "until the end"; ours is what fits (native_params)
+    defaults = {
+        **generation_settings(SamplingParams(), NativeOptions(settings.model_name, 1)),
+        "n_predict": -1,
+        "max_tokens": -1,
+    }
+    return JSONResponse(
+        {
+            "default_generation_settings": {
+                "id": 0,
+                "id_task": -1,
+                "n_ctx": loaded.n_ctx,
+                "speculative": False,
+                "is_processing": False,
+                "params": defaults,
+                "prompt": "",
+            },
+            "total_slots": settings.max_sequences,
+            "model_alias": settings.model_name,
+            "model_path": str(settings.resolved_model_path()),
+            "chat_template": served.source,
+            "chat_template_source": served.origin,  # ours: where it came from
+            "bos_token": _special(model, model.bos),
+            "eos_token": _special(model, model.eos),
+            "modalities": {"vision": False, "audio": False},
+            "build_info": "llama-srb",
         }
-        return JSONResponse(
-            {
-                "default_generation_settings": {
-                    "id": 0,
-                    "id_task": -1,
-                    "n_ctx": loaded.n_ctx,
-                    "speculative": False,
-                    "is_processing": False,
-                    "params": defaults,
-                    "prompt": "",
-                },
-                "total_slots": settings.max_sequences,
-                "model_alias": settings.model_name,
-                "model_path": str(settings.resolved_model_path()),
-                "chat_template": served.source,
-                "chat_template_source": served.origin,  # ours: where it came from
-                "bos_token": _special(model, model.bos),
-                "eos_token": _special(model, model.eos),
-                "modalities": {"vision": False, "audio": False},
-                "build_info": "llama-srb",
-            }
-        )
-
-    return router
+    )
 
 
 def _special(model: Model, token: int) -> str:

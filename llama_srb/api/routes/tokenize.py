@@ -10,10 +10,10 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from llama_srb.api.deps import State, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.prompts import tokenize_text
-from llama_srb.api.state import AppState
-from llama_srb.api.workers import body_spec, parsed
+from llama_srb.api.workers import body_spec
 from llama_srb.loader import LoadedEngine
 
 
@@ -72,47 +72,40 @@ class DetokenizeResponse(BaseModel):
     content: str
 
 
-def tokenize_router(state: AppState) -> APIRouter:
-    router = APIRouter()
+router = APIRouter()
 
-    @router.post(
-        "/tokenize", response_model=TokenizeResponse, openapi_extra=body_spec(TokenizeRequest)
-    )
-    async def tokenize(
-        body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))],
-    ) -> Response:
-        loaded = state.ready()
-        model = loaded.model
 
-        def run() -> Response:  # megabytes of text take seconds: off the loop, JSON included
-            tokens = tokens_of(loaded, body.text, body.bos, body.parse_special)
-            count, most = len(tokens), loaded.n_ctx
-            if not body.with_pieces:
-                return _json(TokenizeResponse(tokens=tokens, count=count, max_model_len=most))
-            pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
-            return _json(TokenizeResponse(tokens=pieces, count=count, max_model_len=most))
+@router.post("/tokenize", response_model=TokenizeResponse, openapi_extra=body_spec(TokenizeRequest))
+async def tokenize(
+    body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))], state: State
+) -> Response:
+    loaded = state.ready()
+    model = loaded.model
 
-        return await state.workers.run(run)
+    def run() -> Response:  # megabytes of text take seconds: off the loop, JSON included
+        tokens = tokens_of(loaded, body.text, body.bos, body.parse_special)
+        count, most = len(tokens), loaded.n_ctx
+        if not body.with_pieces:
+            return _json(TokenizeResponse(tokens=tokens, count=count, max_model_len=most))
+        pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
+        return _json(TokenizeResponse(tokens=pieces, count=count, max_model_len=most))
 
-    @router.post(
-        "/detokenize",
-        response_model=DetokenizeResponse,
-        openapi_extra=body_spec(DetokenizeRequest),
-    )
-    async def detokenize(
-        body: Annotated[DetokenizeRequest, Depends(parsed(DetokenizeRequest))],
-    ) -> Response:
-        model = state.ready().model
+    return await state.workers.run(run)
 
-        def run() -> Response:
-            error = model.vocab_error(body.tokens)
-            if error is not None:  # llama.cpp would abort the process on it
-                raise APIError(400, error, "tokens")
-            return _json(DetokenizeResponse(content=model.detokenize(body.tokens)))
 
-        return await state.workers.run(run)
+@router.post(
+    "/detokenize", response_model=DetokenizeResponse, openapi_extra=body_spec(DetokenizeRequest)
+)
+async def detokenize(
+    body: Annotated[DetokenizeRequest, Depends(parsed(DetokenizeRequest))], state: State
+) -> Response:
+    loaded = state.ready()
 
-    return router
+    def run() -> Response:
+        check_tokens(loaded, body.tokens)
+        return _json(DetokenizeResponse(content=loaded.model.detokenize(body.tokens)))
+
+    return await state.workers.run(run)
 
 
 def tokens_of(loaded: LoadedEngine, text: str, add_special: bool, parse_special: bool) -> list[int]:

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from llama_srb.api.schemas import dialects
+from llama_srb.engine.spec import branch_count
 from llama_srb.sampling.params import SamplingParams
 
 # Passed through as the client sent them. logit_bias and grammar need the vocabulary and
@@ -171,9 +172,10 @@ class SamplingFields(BaseModel):
         return SamplingParams(**values)
 
     @property
-    def branches(self) -> int:
-        """Branches each prompt decodes: n, or best_of when it asks for more."""
-        return max(self.n, self.best_of or 0)
+    def n_branches(self) -> int:
+        """Branches each prompt decodes (engine/spec.py)."""
+        greedy = self.temperature is not None and self.temperature <= 0
+        return branch_count(self.n, self.best_of, greedy and not self.choices_params)
 
     @property
     def include_usage(self) -> bool:

@@ -1,20 +1,24 @@
-"""A Request is one prompt with `n` Sequences; a Sequence is one branch (one choice).
+"""A Request is one prompt with its branches; a Branch is one line of generation (a choice,
+or one of best_of's candidates). What a request asks for is its RequestSpec, fixed when
+the API builds it (engine/build.py); what happens to it lives here, on the engine thread
+only, with an enum status and derived properties, never in tuples threaded through queues.
 
-A request's state lives on these two objects, with an enum status and derived
-properties, never in tuples threaded through queues; only the scheduler changes a status.
-The KV cells a running request reserved are counted in kv.py.
+One writer per field: the scheduler changes statuses, KV state (sequence ids, prefilled
+and cached counts) and times; the branch step (engine/branch_step.py) a branch's tokens,
+text and scores. The KV cells a running request reserved are counted in kv.py.
 """
 
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from llama_srb.engine.outputs import FinishReason, RequestTimes
+from llama_srb.engine.spec import RequestSpec
 from llama_srb.sampling.banned import Bans
 from llama_srb.sampling.constraint import Matcher
 from llama_srb.sampling.logprobs import TokenLogprob
@@ -23,21 +27,14 @@ from llama_srb.sampling.params import SamplingParams
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued, holds nothing
-    PREFILLING = "prefilling"  # admitted: holds seq ids and cells, prompt partly decoded
+    PREFILLING = "prefilling"  # admitted: holds sequence ids and cells, prompt partly decoded
     DECODING = "decoding"  # prompt done, branches generate one token per step
     FINISHED = "finished"
 
 
-class FinishReason(enum.StrEnum):
-    STOP = "stop"  # end-of-generation token or stop string
-    LENGTH = "length"  # max_tokens reached
-    ABORT = "abort"  # cancelled (client gone, timeout, shutdown)
-    ERROR = "error"  # the engine failed on this request
-
-
-class Decoder(Protocol):
-    """Turns a sequence's sampled tokens into text (detokenizer + stop strings + banned
-    phrases: sampling/text.py)."""
+class BranchText(Protocol):
+    """Turns a branch's sampled tokens into text (detokenizer + stop strings + banned
+    phrases: sampling/text.py's TextStream)."""
 
     def push(self, token: int, check_stops: bool) -> str: ...
     def flush(self) -> str: ...
@@ -71,10 +68,10 @@ class Collector(Protocol):
 
 
 @dataclass(eq=False)
-class Sequence:
-    index: int  # the choice index inside its request
+class Branch:
+    index: int  # its position in the request: the choice index, before best_of ranks
     sampler: Sampler | None = None
-    decoder: Decoder | None = None
+    text: BranchText | None = None
     seq_id: int = -1  # llama.cpp sequence id while live, else -1
     tokens: list[int] = field(default_factory=list)  # generated so far
     finish_reason: FinishReason | None = None
@@ -96,26 +93,58 @@ class Sequence:
 @dataclass(eq=False)
 class Request:
     request_id: str
-    prompt: list[int]
-    params: SamplingParams
-    sequences: list[Sequence]
+    spec: RequestSpec
+    branches: list[Branch]
+    times: RequestTimes
     status: RequestStatus = RequestStatus.WAITING
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
     n_cached: int = 0  # of those, how many were shared from cached or live sequences
-    arrival: float = field(default_factory=time.monotonic)
-    # Who sent it (an API key's name, a session, an address): the unit of fair share.
-    client: str = ""
-    first_token_at: float | None = None
     error: str | None = None
-    # echo + logprobs: every prompt position needs its logits, so the whole prompt is
-    # computed here (a prefix shared from another sequence would have none).
-    prompt_logprobs: bool = False
     prompt_scores: list[TokenLogprob | None] = field(default_factory=list)
     # With banned strings: the logits of the prompt's last token and their column maxima,
     # for a branch rewound to its first token (the row is gone once branches decode on).
     first_row: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None
-    # best_of: decodes every sequence, returns the best n when it ends (engine/best_of.py).
+    # best_of: decodes every branch, returns the best n when it ends (engine/best_of.py).
     best_of: Collector | None = None
+
+    # -- what was asked (the spec) ---------------------------------------------------
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.spec.prompt
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.spec.params
+
+    @property
+    def arrival(self) -> float:
+        return self.times.arrival
+
+    @property
+    def client(self) -> str:
+        """Who sent it (an API key's name, a session, an address): the unit of fair share."""
+        return self.spec.client
+
+    @property
+    def prompt_logprobs(self) -> bool:
+        """echo + logprobs: every prompt position needs its logits, so the whole prompt is
+        computed here (a prefix shared from another sequence would have none)."""
+        return self.spec.prompt_logprobs
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.spec.prompt)
+
+    @property
+    def n_branches(self) -> int:
+        return len(self.branches)
+
+    @property
+    def cells_needed(self) -> int:
+        return self.spec.cells_needed
+
+    # -- where it stands ---------------------------------------------------------------
 
     @property
     def scores_tokens(self) -> bool:
@@ -123,32 +152,19 @@ class Request:
         return self.params.logprobs is not None or self.best_of is not None
 
     @property
-    def n(self) -> int:
-        return len(self.sequences)
+    def primary(self) -> Branch:
+        """The branch the prompt is prefilled into before being forked to the others."""
+        return self.branches[0]
 
     @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
-
-    @property
-    def primary(self) -> Sequence:
-        """The sequence the prompt is prefilled into before being forked to the others."""
-        return self.sequences[0]
-
-    @property
-    def live(self) -> list[Sequence]:
-        return [s for s in self.sequences if not s.finished]
-
-    @property
-    def cells_needed(self) -> int:
-        """Worst-case KV cells: the prompt once (shared by all branches) + every branch."""
-        return self.prompt_len + self.n * self.params.max_tokens
+    def live(self) -> list[Branch]:
+        return [b for b in self.branches if not b.finished]
 
     @property
     def completion_tokens(self) -> int:
-        return sum(len(s.tokens) for s in self.sequences)
+        return sum(len(b.tokens) for b in self.branches)
 
     def close(self) -> None:
         """Free every branch's sampler: for a request built but never submitted."""
-        for seq in self.sequences:
-            seq.close()
+        for branch in self.branches:
+            branch.close()

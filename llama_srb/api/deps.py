@@ -1,0 +1,49 @@
+"""How a route reaches the server's state: one FastAPI dependency, `app_state` (a test
+swaps it with `app.dependency_overrides`), and the request bodies parsed on its workers.
+
+Parsing a body of megabytes (a story to tokenize, a vocabulary-wide logit_bias) takes
+milliseconds to seconds; on the event loop it would freeze every other client (`/health`
+included). pydantic parses the raw bytes on the request workers (its JSON parser also
+refuses lone UTF-16 surrogates, which are not text); since FastAPI no longer reads the
+body itself, routes declare its model for the OpenAPI document with `workers.body_spec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, TypeVar
+
+from fastapi import Depends, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
+
+from llama_srb.api.errors import APIError
+from llama_srb.api.state import AppState
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def app_state(http: Request) -> AppState:
+    """The server's state (settings, the engine once loaded, metrics, workers)."""
+    state: AppState = http.app.state.srb
+    return state
+
+
+State = Annotated[AppState, Depends(app_state)]
+
+
+def parsed(model: type[M]) -> Callable[..., Awaitable[M]]:
+    """A FastAPI dependency: the body as `model`, or a RequestValidationError (a 400)."""
+
+    async def parse(http: Request, state: State) -> M:
+        try:
+            raw = await http.body()
+        except ClientDisconnect:  # gone before its body arrived: nobody to answer
+            raise APIError(499, "the client disconnected") from None
+        try:
+            return await state.workers.run(lambda: model.model_validate_json(raw))
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors(include_url=False)) from None
+
+    return parse

@@ -1,0 +1,56 @@
+"""The engine's counters, and the snapshot of them it publishes after every step: what
+/metrics reads (one reference assignment: other threads see an old snapshot or a new one,
+whole, never the live bookkeeping)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from llama_srb.engine.histogram import GAP_BUCKETS, HOST_BUCKETS, WAIT_BUCKETS, Histogram
+
+
+@dataclass
+class EngineStats:
+    """Monotonic counters, read by /metrics and by tests (plain ints: no hot-path cost)."""
+
+    steps: int = 0
+    prompt_tokens_evaluated: int = 0  # prompt tokens actually run through llama_decode
+    generated_tokens: int = 0
+    decode_seconds: float = 0.0
+    prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
+    decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
+    # Per step, the engine thread's time outside llama_decode: what a fast GPU exposes.
+    host_step_seconds: Histogram = field(default_factory=lambda: Histogram(HOST_BUCKETS))
+    # Per stream: from one output with tokens to its next (what a reader feels as a stall).
+    token_gap_seconds: Histogram = field(default_factory=lambda: Histogram(GAP_BUCKETS))
+    # From arrival to admission (sequence ids and cells granted), per request.
+    queue_wait_seconds: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
+    # Steps whose head-of-queue request waited, by what it lacked.
+    steps_short_of_sequences: int = 0
+    steps_short_of_cells: int = 0
+
+    def copy(self) -> EngineStats:
+        """A copy whose histograms the engine thread will not change."""
+        return replace(
+            self,
+            decode_step_seconds=self.decode_step_seconds.copy(),
+            host_step_seconds=self.host_step_seconds.copy(),
+            token_gap_seconds=self.token_gap_seconds.copy(),
+            queue_wait_seconds=self.queue_wait_seconds.copy(),
+        )
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's counters and gauges as of its last step. The engine thread publishes a
+    new one after every step; other threads (/metrics) read only these, never the live
+    bookkeeping, which the engine thread changes (and memoizes) as it goes."""
+
+    stats: EngineStats = field(default_factory=EngineStats)
+    requests_running: int = 0
+    requests_waiting: int = 0
+    sequences_running: int = 0
+    kv_cells_reserved: int = 0
+    kv_cells_used: int = 0
+    kv_cells_cached: int = 0
+    kv_cells_total: int = 0
