@@ -24,6 +24,7 @@ from llama_srb.api.routes.completions import completions_router
 from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest, dialects_router
 from llama_srb.api.routes.models import models_router
 from llama_srb.api.routes.native import native_router
+from llama_srb.api.routes.stories import stories_router
 from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest, tokenize_router
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
@@ -31,6 +32,7 @@ from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import document_bodies
 from llama_srb.config import Settings
+from llama_srb.stories.schema import Duplicate, StoryDraft, StoryPatch
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
@@ -40,6 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.open_stories()
         loader = asyncio.create_task(state.load())
         try:
             yield
@@ -79,6 +82,7 @@ def create_app(settings: Settings) -> FastAPI:
     v1.include_router(completions_router(state))
     v1.include_router(chat_router(state))
     v1.include_router(tokenize_router(state))
+    v1.include_router(stories_router(state))
     app.include_router(v1)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there,
     # and its own completion API (/completion, /props).
@@ -94,6 +98,9 @@ def create_app(settings: Settings) -> FastAPI:
             TokenizeRequest,
             DetokenizeRequest,
             NativeCompletionRequest,
+            StoryDraft,
+            StoryPatch,
+            Duplicate,
             EncodeRequest,
             DecodeRequest,
         ],
