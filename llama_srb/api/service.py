@@ -257,6 +257,8 @@ class RequestLog:
         self.records = [RequestRecord(request) for request in requests]
 
     def observe(self, position: int, output: RequestOutput) -> None:
+        if output.prompt_processed is not None:  # the prompt read in part: no tokens yet
+            return
         record = self.records[position]
         if not record.reasons:  # the first output carries the first tokens
             self._first_token(record.request)

@@ -170,6 +170,7 @@ class Engine:
         """Decode the plan's calls, each sampled before the next overwrites its logits;
         then what was sampled ends branches and requests, or goes out."""
         failed: list[RequestOutput] = []
+        progress: list[RequestOutput] = []
         sampled: dict[int, tuple[Request, list[ChoiceDelta]]] = {}
         seconds = 0.0
         for call in plan.calls(self.tokens_per_call):
@@ -180,6 +181,7 @@ class Engine:
                 continue
             self._apply(self.scheduler.prefilled(call))
             self._sample(call, sampled)
+            progress += [_progress(c) for c in call.prefill if not c.completes_prompt]
         self.stats.steps += 1
         n_prefill = plan.n_tokens - len(plan.decode)
         self.pacer.observe(len(plan.decode), n_prefill, seconds)
@@ -188,7 +190,7 @@ class Engine:
         outputs = [self._output(request, choices) for request, choices in steps]
         self._apply(ops)
         self._observe_gaps(outputs)
-        return failed + outputs
+        return failed + progress + outputs
 
     def publish_snapshot(self) -> None:
         """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
@@ -475,6 +477,19 @@ class Engine:
     def _pos(request: Request, seq: Sequence) -> int:
         # The newest token of a branch sits right after the prompt and its earlier tokens.
         return request.prompt_len + len(seq.tokens) - 1
+
+
+def _progress(chunk: PrefillChunk) -> RequestOutput:
+    """A prompt read in part: how far (the API streams it as prompt progress)."""
+    request = chunk.request
+    return RequestOutput(
+        request.request_id,
+        [],
+        request.prompt_len,
+        0,
+        request.n_cached,
+        prompt_processed=chunk.end,
+    )
 
 
 def build_request(

@@ -31,3 +31,6 @@ class RequestOutput:
     error: str | None = None
     # echo + logprobs: one per prompt token, None where there is none (the first token)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # While a long prompt is read in chunks: its tokens in the KV cache so far (cached ones
+    # included). Set only on these progress outputs, which carry no choices.
+    prompt_processed: int | None = None

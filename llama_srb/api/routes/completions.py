@@ -13,6 +13,7 @@ from llama_srb.api.input.params import build_all, discard, request_params
 from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
 from llama_srb.api.render.choices import gather
 from llama_srb.api.render.completions import CompletionStream, completion_choices
+from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.render.sse import sse_response
 from llama_srb.api.schemas.completions import Completion, CompletionRequest
 from llama_srb.api.service import check_request, submit, until_disconnect
@@ -54,6 +55,7 @@ def completions_router(state: AppState) -> APIRouter:
                 piece,
                 prompts=prompts,
                 echo=body.echo,
+                progress=PromptProgress() if body.return_progress else None,
             )
             return sse_response(stream.events(outputs))
         result = await until_disconnect(http, gather(outputs, len(prompts), body.n))

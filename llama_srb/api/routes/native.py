@@ -14,6 +14,7 @@ from llama_srb.api.input.native import native_params, sampler_list
 from llama_srb.api.input.params import build_all, discard
 from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
 from llama_srb.api.render.native import NativeCall, NativeOptions, generation_settings
+from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.render.sse import sse_response
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.service import check_request, submit, until_disconnect
@@ -58,6 +59,8 @@ def native_router(state: AppState) -> APIRouter:
             samplers=tuple(sampler_list(body)),
         )
         call = NativeCall(options, params, prompts, model)
+        if body.return_progress:
+            call.progress = PromptProgress()
         outputs = submit(state, requests)
         if body.stream:
             return sse_response(call.events(outputs))
