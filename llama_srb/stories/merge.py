@@ -103,7 +103,7 @@ def plan_patch(
         raise BadPatch("a node cannot be both sent and deleted in one patch")
     new = revision + 1
     plan = Plan(next_id=next_id)
-    for node in _renumbered(patch, slots, plan):
+    for node in _renumbered(patch, slots, load, plan):
         _plan_node(node, slots.get(node.id), load, base, new, plan)
     for node_id in sorted(set(patch.deleted)):
         slot = slots.get(node_id)
@@ -120,16 +120,22 @@ def plan_patch(
     return plan
 
 
-def _renumbered(patch: StoryPatch, slots: dict[int, Slot], plan: Plan) -> list[Node]:
+def _renumbered(
+    patch: StoryPatch, slots: dict[int, Slot], load: Callable[[int], Body], plan: Plan
+) -> list[Node]:
     """The patch's nodes, those the writer made under an id someone else took since its
-    base moved to new ids, and every reference to them (parent, retry_of…) with them."""
+    base moved to new ids, and every reference to them (parent, retry_of…) with them. A
+    node identical to the one made there is that node: the writer sends again a write
+    whose answer it never got."""
     seen: set[int] = set()
     for node in patch.nodes:
         if node.id in seen:
             raise BadPatch(f"node {node.id} is sent twice")
         seen.add(node.id)
         slot = slots.get(node.id)
-        if slot is not None and slot.created_rev > patch.base_revision:
+        if slot is None or slot.created_rev <= patch.base_revision:
+            continue
+        if not (slot.live and load(node.id) == node.body()):
             plan.renumbered[node.id] = 0  # numbered below, past every id in use
     taken = max([plan.next_id - 1, *slots, *seen], default=0)
     for old in plan.renumbered:

@@ -119,6 +119,21 @@ def test_two_writers_adding_nodes_from_one_revision_both_keep_theirs(store: Stor
     assert {n["id"] for n in b["changes"]["nodes"]} == {2, 3, 4}
 
 
+def test_a_write_sent_again_after_its_answer_was_lost_changes_nothing(store: StoryStore) -> None:
+    """The server committed, then died before it answered: the writer sends the same
+    patch again, on the same base. Its node is the one stored, not a second copy."""
+    sid = make(store)["id"]
+    patch = {
+        "base_revision": 1,
+        "nodes": [node(2, STORY + " Come.", 1)],
+        "context": {"note": "[x]"},
+    }
+    first = write(store, sid, **patch)
+    again = write(store, sid, **patch)
+    assert first["revision"] == again["revision"] == 2 and again["renumbered"] == {}
+    assert set(nodes_of(store, sid)) == {1, 2}
+
+
 def test_different_fields_of_one_node_merge_and_the_same_field_conflicts(
     store: StoryStore,
 ) -> None:
