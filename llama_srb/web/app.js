@@ -887,7 +887,7 @@ function commonStart(a, b) {
 function saveTree() {
   History.commit(state.history, state.tree);
   const tree = state.tree;
-  if (!tree.name && state.storyId) {
+  if (!tree.name && state.storyId && !$("story-name").value.trim()) {
     const first = Tree.childrenOf(tree, null)[0];
     tree.name = first ? Tree.nameFrom(first.text) : "";
     $("story-name").value = tree.name;

@@ -160,7 +160,7 @@ export function rebase(base, mine, changes) {
  * ids first; one identical to theirs is the same node (a save whose answer was lost). */
 function makeRoom(base, mine, theirs, changes) {
   const wanted = new Map();
-  let free = Math.max(mine.nextId, theirs.nextId, ...mine.nodes.keys(), ...theirs.nodes.keys()) + 1;
+  let free = Math.max(Tree.freeId(mine), Tree.freeId(theirs));
   for (const raw of changes.nodes) {
     const m = mine.nodes.get(raw.id);
     if (m && !base.nodes.has(raw.id) && !Tree.sameNode(m, theirs.nodes.get(raw.id))) {

@@ -42,6 +42,7 @@ export class StorySync {
     this.failures = 0; // saves in a row that found the server unreachable
     this.waiting = false; // a retry is due: changes wait for it
     this.closed = false;
+    this.behind = false; // another tab saved while this one was busy: catch up after
     this.onBroadcast = (event) => {
       if (event.data?.story === this.id && event.data.revision > (this.rev ?? 0)) this.pull();
     };
@@ -70,9 +71,14 @@ export class StorySync {
         throw err; // 401, 404, 410 (in the trash): the caller says so
       }
     }
-    if (!cached) {
-      const sync = new StorySync(id, fromServer(story), null, hooks);
+    if (!cached || (story && superseded(id, cached))) {
+      // Nothing here, or this page saved (or handed over, as it went) more than its copy
+      // here holds: the server's copy is the newer one; undo's entries still apply to it.
+      const sync = new StorySync(id, fromServer(story), cached?.history, hooks);
       sync.adopt(story.revision, Tree.clone(sync.tree));
+      if (cached?.local.nodes.has(cached.local.current)) sync.tree.current = cached.local.current;
+      sync.keep();
+      hooks.onStatus("saved", `Saved (revision ${story.revision}).`);
       return sync;
     }
     const sync = new StorySync(id, cached.local, cached.history, hooks);
@@ -86,6 +92,7 @@ export class StorySync {
         ? await stories.since(id, cached.rev, hooks.apiKey())
         : Merge.asChanges(story);
       await sync.merge(base, changes);
+      hooks.onStatus("saved", `Saved (revision ${sync.rev}).`);
     } else {
       sync.waiting = true; // the first save says whether the server is back
       hooks.onStatus("offline", "The server cannot be reached: working from this browser's copy.");
@@ -113,6 +120,7 @@ export class StorySync {
     this.cacheSoon();
     if (this.busy) this.again = true;
     else if (!this.waiting) this.flushSoon(SAVE_MS);
+    if (!this.waiting) this.hooks.onStatus("saving", "Saving…");
   }
 
   flushSoon(ms) {
@@ -149,7 +157,8 @@ export class StorySync {
       ok = true;
       this.waiting = false;
       this.failures = 0;
-      this.hooks.onStatus("saved", `Saved (revision ${this.rev}).`);
+      acknowledge(this.id, { rev: this.rev });
+      if (!this.again && !this.pending()) this.hooks.onStatus("saved", `Saved (revision ${this.rev}).`);
       channel?.postMessage({ story: this.id, revision: this.rev });
     } catch (err) {
       await this.failed(err);
@@ -158,6 +167,7 @@ export class StorySync {
       this.cacheSoon();
     }
     if (ok && !this.closed && (this.again || this.pending())) this.flushSoon(SAVE_MS);
+    else if (this.behind) this.pull();
   }
 
   pending() {
@@ -221,7 +231,12 @@ export class StorySync {
 
   /** Others' changes since `rev`, merged in (another tab saved, or the page shows again). */
   async pull() {
-    if (this.closed || this.busy || this.rev === null) return;
+    if (this.closed || this.rev === null) return;
+    if (this.busy) {
+      this.behind = true;
+      return;
+    }
+    this.behind = false;
     this.busy = true;
     try {
       const changes = await stories.since(this.id, this.rev, this.hooks.apiKey());
@@ -282,13 +297,14 @@ export class StorySync {
   /** The page is going: what is not saved yet goes in one last request the browser
    * finishes alone (a keepalive fetch, so at most 64 KiB), and into this browser's copy. */
   leave() {
-    this.keep();
-    if (this.closed || this.rev === null) return;
+    this.keep(); // may not finish: a page that goes aborts its IndexedDB writes
+    if (this.closed || this.rev === null || this.waiting) return; // offline: the copy here
     const patch = Merge.diff(this.synced, this.tree);
     if (Merge.isEmpty(patch)) return;
     const body = { base_revision: this.rev, ...patch };
     if (JSON.stringify(body).length > EXIT_BYTES) return; // the copy here keeps it
     stories.writeOnExit(this.id, body, this.hooks.apiKey()).catch(() => {});
+    acknowledge(this.id, { rev: this.rev, exit: true });
   }
 
   cacheSoon() {
@@ -309,7 +325,8 @@ export class StorySync {
       history: historyOf(this.history),
       saved: Date.now(),
     };
-    return Cache.putStory(record).catch(() => {
+    return Cache.putStory(record).catch((err) => {
+      console.error("llama-srb: this browser's copy of the story was not kept", err);
       this.hooks.onStatus("error", "This browser could not keep a copy (its storage is full?).");
     });
   }
@@ -321,6 +338,32 @@ export class StorySync {
     channel?.removeEventListener("message", this.onBroadcast);
     document.removeEventListener("visibilitychange", this.onVisible);
     window.removeEventListener("online", this.onVisible);
+  }
+}
+
+// What this browser last handed the server for a story (local storage, written at once,
+// unlike IndexedDB): a save it confirmed, or the last one sent as the page went. A copy in
+// IndexedDB older than that holds nothing the server lacks: its unsaved changes were sent
+// since (and maybe changed again), so merging them again would clash with the page's own.
+function ackKey(id) {
+  return `llama-srb.acked.${id}`;
+}
+
+function acknowledge(id, ack) {
+  try {
+    localStorage.setItem(ackKey(id), JSON.stringify(ack));
+  } catch {
+    // full: the copy in IndexedDB is merged as usual
+  }
+}
+
+function superseded(id, cached) {
+  if (cached.rev === null) return false;
+  try {
+    const ack = JSON.parse(localStorage.getItem(ackKey(id)) ?? "null");
+    return Boolean(ack && (ack.exit ? ack.rev >= cached.rev : ack.rev > cached.rev));
+  } catch {
+    return false;
   }
 }
 

@@ -209,9 +209,14 @@ export function clone(tree) {
 
 /** Makes `nextId` free: past every node, and at least `atLeast` (the server's next id). */
 export function bumpNextId(tree, atLeast = 0) {
-  let next = Math.max(tree.nextId, atLeast, 1);
+  tree.nextId = Math.max(freeId(tree), atLeast);
+}
+
+/** The first id past `nextId` and every node's. */
+export function freeId(tree) {
+  let next = Math.max(tree.nextId, 1);
   for (const id of tree.nodes.keys()) if (id >= next) next = id + 1;
-  tree.nextId = next;
+  return next;
 }
 
 export function cloneNode(node) {
@@ -238,7 +243,7 @@ export function sameNode(a, b) {
 export function renumber(tree, moves) {
   const all = new Map(moves);
   const targets = new Set(moves.values());
-  let free = Math.max(tree.nextId, ...tree.nodes.keys(), ...targets) + 1;
+  let free = Math.max(freeId(tree), ...[...targets].map((t) => t + 1));
   for (const target of targets) {
     if (tree.nodes.has(target) && !all.has(target)) all.set(target, free++);
   }
