@@ -27,6 +27,7 @@ export function commit(history, tree) {
   history.pending = null;
   const entry = entryOf(pending.before, tree);
   if (!entry) return;
+  entry.id = newId();
   pending.entry = entry;
   history.past.push(entry);
   if (history.past.length > LIMIT) history.past.shift();
@@ -71,10 +72,21 @@ export function renumber(history, moves) {
   }
 }
 
+/** Names the history's state: the page keeps it where a write cannot be lost (local
+ * storage) to tell a copy of the history that lags behind (IndexedDB) from a current one. */
+export function fingerprint(history) {
+  const last = (list) => list[list.length - 1]?.id ?? "";
+  return `${history.past.length}:${last(history.past)}/${history.future.length}:${last(history.future)}`;
+}
+
+function newId() {
+  return `${Date.now().toString(36)}${Math.random().toString(36).slice(2, 8)}`;
+}
+
 function step(from, to, tree) {
   const entry = from.pop();
   if (!entry) return false;
-  to.push(capture(tree, entry));
+  to.push({ ...capture(tree, entry), id: newId() });
   apply(tree, entry);
   return true;
 }

@@ -43,6 +43,8 @@ export class StorySync {
     this.waiting = false; // a retry is due: changes wait for it
     this.closed = false;
     this.behind = false; // another tab saved while this one was busy: catch up after
+    this.keeping = null; // the write of this browser's copy in flight
+    this.keepAgain = false;
     this.onBroadcast = (event) => {
       if (event.data?.story === this.id && event.data.revision > (this.rev ?? 0)) this.pull();
     };
@@ -71,17 +73,19 @@ export class StorySync {
         throw err; // 401, 404, 410 (in the trash): the caller says so
       }
     }
+    // Undo's entries, unless the copy here lags behind the page that wrote them.
+    const history = cached && freshHistory(id, cached.history) ? cached.history : null;
     if (!cached || (story && superseded(id, cached))) {
       // Nothing here, or this page saved (or handed over, as it went) more than its copy
       // here holds: the server's copy is the newer one; undo's entries still apply to it.
-      const sync = new StorySync(id, fromServer(story), cached?.history, hooks);
+      const sync = new StorySync(id, fromServer(story), history, hooks);
       sync.adopt(story.revision, Tree.clone(sync.tree));
       if (cached?.local.nodes.has(cached.local.current)) sync.tree.current = cached.local.current;
       sync.keep();
       hooks.onStatus("saved", `Saved (revision ${story.revision}).`);
       return sync;
     }
-    const sync = new StorySync(id, cached.local, cached.history, hooks);
+    const sync = new StorySync(id, cached.local, history, hooks);
     sync.adopt(cached.rev, cached.synced);
     if (story) {
       // Merge what others saved since this browser's copy; a copy the server never had
@@ -312,9 +316,15 @@ export class StorySync {
     this.cacheTimer = setTimeout(() => this.keep(), CACHE_MS);
   }
 
-  /** This browser's copy, now (also on pagehide). */
+  /** This browser's copy, now (also on pagehide). One write at a time: a change made
+   * while one is written is kept by the next, so writes never queue up behind each other
+   * (a page that goes aborts the ones still waiting). */
   keep() {
     clearTimeout(this.cacheTimer);
+    if (this.keeping) {
+      this.keepAgain = true;
+      return this.keeping;
+    }
     const tree = this.tree;
     const record = {
       id: this.id,
@@ -325,10 +335,20 @@ export class StorySync {
       history: historyOf(this.history),
       saved: Date.now(),
     };
-    return Cache.putStory(record).catch((err) => {
-      console.error("llama-srb: this browser's copy of the story was not kept", err);
-      this.hooks.onStatus("error", "This browser could not keep a copy (its storage is full?).");
-    });
+    remember(historyKey(this.id), History.fingerprint(this.history));
+    this.keeping = Cache.putStory(record)
+      .catch((err) => {
+        console.error("llama-srb: this browser's copy of the story was not kept", err);
+        this.hooks.onStatus("error", "This browser could not keep a copy (its storage is full?).");
+      })
+      .finally(() => {
+        this.keeping = null;
+        if (this.keepAgain) {
+          this.keepAgain = false;
+          this.keep();
+        }
+      });
+    return this.keeping;
   }
 
   close() {
@@ -350,10 +370,23 @@ function ackKey(id) {
 }
 
 function acknowledge(id, ack) {
+  remember(ackKey(id), JSON.stringify(ack));
+}
+
+function historyKey(id) {
+  return `llama-srb.history.${id}`;
+}
+
+/** Whether undo's entries in the copy here are the last ones the page kept. */
+function freshHistory(id, history) {
+  return Boolean(history) && localStorage.getItem(historyKey(id)) === History.fingerprint(history);
+}
+
+function remember(key, value) {
   try {
-    localStorage.setItem(ackKey(id), JSON.stringify(ack));
+    localStorage.setItem(key, value);
   } catch {
-    // full: the copy in IndexedDB is merged as usual
+    // full: the copy in IndexedDB is used as it is
   }
 }
 

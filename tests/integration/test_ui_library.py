@@ -275,6 +275,7 @@ def test_an_old_browser_tree_moves_into_the_library_once(
         }""",
         [old, draft],
     )
+    expect(page.get_by_test_id("library-count")).to_have_text(re.compile(r"stor"))  # read
     before = page.get_by_test_id("library-story").count()
     page.reload()
     expect(page.get_by_test_id("library-state")).to_contain_text("are in the library now")
