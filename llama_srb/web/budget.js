@@ -63,6 +63,11 @@ function boundaryAfter(text, at) {
   return found ? found.index + found[0].length : at;
 }
 
+/** What the server counted for `prompt`: `tokens` of a `context` (the count the cut uses). */
+export function remember(prompt, tokens, context) {
+  last = { prompt, tokens, context };
+}
+
 /** Counts the prompt for `story` soon (the bar shows it); `done()` hears when it is in. */
 export const count = debounce(async (story, context, apiKey, done) => {
   const prompt = buildPrompt(story, context);
@@ -71,7 +76,7 @@ export const count = debounce(async (story, context, apiKey, done) => {
   asked = new AbortController();
   try {
     const { tokens, context: size } = await countTokens(prompt, apiKey, asked.signal);
-    last = { prompt, tokens, context: size };
+    remember(prompt, tokens, size);
   } catch {
     return; // no server, no key: the bar waits for the next count
   }
@@ -84,7 +89,7 @@ export async function countNow(story, context, apiKey) {
   if (last?.prompt === prompt) return;
   try {
     const { tokens, context: size } = await countTokens(prompt, apiKey);
-    last = { prompt, tokens, context: size };
+    remember(prompt, tokens, size);
   } catch {
     // the generation itself will say what is wrong
   }

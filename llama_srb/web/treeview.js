@@ -10,7 +10,8 @@ import { $, el, keepInView, snippet } from "./dom.js";
 import * as Tree from "./tree.js";
 
 const MAX_DEPTH = 8; // deeper forks stop indenting, so labels keep their width
-const SHARED_MIN = 12; // siblings' labels skip a common start longer than this
+const SHARED_MIN = 12; // siblings' labels skip a common start longer than this,
+const SHARED_CONTEXT = 20; // keeping about this much of it before where they differ
 
 let folded = new Set(); // node ids whose descendants are hidden
 let foldKey = null; // where `folded` is kept (per story)
@@ -229,7 +230,8 @@ export function label(tree, node, siblings = []) {
   const shared = Math.max(0, ...siblings.filter((s) => s !== node && s.retry_of === null)
     .map((s) => commonStart(added, Tree.addedText(tree, s))));
   if (shared > SHARED_MIN) {
-    const from = added.lastIndexOf(" ", shared) + 1 || shared;
+    // From a few words before the first that differs.
+    const from = added.lastIndexOf(" ", Math.max(0, shared - SHARED_CONTEXT)) + 1;
     return `…${snippet(added.slice(from), 58)}`;
   }
   return snippet(added, 60);
