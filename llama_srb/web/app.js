@@ -438,6 +438,7 @@ function openNode(run, fields, context) {
   node.context = hasContext(context) ? context : null;
   node.stats = null;
   node.choices = Array.from({ length: fields.n ?? 1 }, () => Run.emptyChoice(fields.logprobs));
+  run.node = node; // its cards are drawn streaming from the start
   Settings.clearErrors($("settings"));
   // Follow the new node unless the writer went elsewhere while the request was sent.
   if (tree.current === run.from) {

@@ -24,6 +24,7 @@ from tests.integration.ui_helpers import (
     library_row,
     model_id,
     new_story,
+    saved,
     screenshot,
     set_settings,
     start_story,
@@ -168,6 +169,7 @@ def test_api_key_is_asked_for_at_the_top_and_checked_as_typed(open_ui: Any, tmp_
         page.get_by_test_id("story").fill(PROMPT)
         page.get_by_test_id("generate").click()
         wait_finished(page, 2)
+        saved(page)
         page.evaluate("window.scrollTo(0, 0)")
         screenshot(page, "phone.png", tmp_path)
 

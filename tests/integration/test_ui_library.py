@@ -120,6 +120,7 @@ def test_the_library_opens_first_and_keeps_each_story_its_own(
     expect(rows).to_have_count(2)
     expect(page.get_by_test_id("library-count")).to_have_text("2 of 3 stories")
     page.get_by_test_id("library-search").fill("")
+    page.get_by_test_id("library-search").blur()
     screenshot(page, "library.png", tmp_path)
     assert stored(library_server, storm)["name"] == "Storm"
 
@@ -341,6 +342,7 @@ def test_a_long_prompt_shows_how_far_it_is_read(
     expect(reading).to_contain_text(
         re.compile(r"Reading the story: [\d,]+ of [\d,]+ tokens"), timeout=60_000
     )
+    page.evaluate("window.scrollTo(0, 0)")
     screenshot(page, "progress.png", tmp_path)
     wait_finished(page, 4)
     expect(page.get_by_test_id("reading")).to_be_hidden()
@@ -381,7 +383,7 @@ def test_a_1000_node_story_folds_searches_and_walks_with_the_keys(
     open_ui: Any, library_server: RunningServer, tmp_path: Path
 ) -> None:
     page = open_ui(library_server.base_url)
-    import_tree(page, big_tree())
+    import_tree(page, big_tree(), name="Forking paths.json")
     rows = page.get_by_test_id("tree-node")
     expect(rows).to_have_count(1000)
     expect_current(page, 40)
@@ -425,6 +427,7 @@ def test_a_1000_node_story_folds_searches_and_walks_with_the_keys(
     expect(page.get_by_test_id("tree-found")).to_have_text("")
     expect(tree_node(page, 1000)).to_be_in_viewport()  # the way to it unfolded
     assert shown < rows.count() < 60
+    saved(page)
     screenshot(page, "tree-large.png", tmp_path)
 
 
