@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_srb.stories.schema import CONTEXT_FIELDS, Node, StoryPatch
+from llama_srb.stories.schema import Node, StoryPatch
 
 Body = dict[str, Any]
 
@@ -201,7 +201,6 @@ def _plan_meta(
             plan.meta[key] = value
     if patch.name is not None and patch.name != meta.get("name"):
         plan.meta["name"] = patch.name
-    assert set(merged) <= {*CONTEXT_FIELDS, "settings"}
 
 
 def _check_structure(slots: dict[int, Slot], plan: Plan, base: int) -> None:

@@ -61,32 +61,34 @@ function init() {
     needKey: Connection.needKey,
   });
   wireButtons();
+  // The keys act on the open story (none while the library is shown).
+  const open = (fn) => (...args) => (state.storyId ? fn(...args) : false);
   Keys.bind({
     // Inside a card, Ctrl+Enter takes that card, as its "Use this" would.
-    useCard: (target) => {
+    useCard: open((target) => {
       const index = Cards.indexOf(target);
       if (index !== null) acceptCard(Tree.currentNode(state.tree), index);
       return index !== null;
-    },
-    generate,
-    escape: () => {
+    }),
+    generate: open(generate),
+    escape: open(() => {
       if (Words.isOpen()) Words.hide();
       else if (state.run) stop();
       else return false;
       return true;
-    },
-    retry,
-    undo,
-    redo,
-    move: (key) => {
+    }),
+    retry: open(retry),
+    undo: open(undo),
+    redo: open(redo),
+    move: open((key) => {
       const id = TreeView.target(state.tree, key, state.lastVisited);
       if (id !== null && id !== undefined) jumpTo(id);
-    },
-    fold: () => {
+    }),
+    fold: open(() => {
       if (TreeView.toggle(state.tree, state.tree.current)) render();
-    },
-    bookmark: toggleBookmark,
-    remove: deleteNode,
+    }),
+    bookmark: open(toggleBookmark),
+    remove: open(deleteNode),
   });
   // A reload or a closed tab must not lose a pending change; it stops a generation too.
   window.addEventListener("pagehide", () => {
@@ -886,9 +888,10 @@ function commonStart(a, b) {
 /** After each change: the undo step is closed and the story saved (sync.js). A story
  * without a name takes the first words of its text. */
 function saveTree() {
+  if (!state.storyId) return;
   History.commit(state.history, state.tree);
   const tree = state.tree;
-  if (!tree.name && state.storyId && !$("story-name").value.trim()) {
+  if (!tree.name && !$("story-name").value.trim()) {
     const first = Tree.childrenOf(tree, null)[0];
     tree.name = first ? Tree.nameFrom(first.text) : "";
     $("story-name").value = tree.name;

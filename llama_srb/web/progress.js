@@ -14,6 +14,7 @@ const WHAT = {
 
 /** A prompt is sent (`kind`: "generate" or "warm"). */
 export function start(kind) {
+  hide();
   reading = { kind, first: null };
   $("reading").dataset.kind = kind;
 }

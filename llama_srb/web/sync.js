@@ -58,7 +58,7 @@ export class StorySync {
   }
 
   /** Opens story `id`: the server's copy, with whatever this browser had not saved yet
-   * merged in; else this browser's copy. Resolves to {sync, tree, history}. */
+   * merged in; else this browser's copy. */
   static async open(id, hooks) {
     const cached = await Cache.getStory(id);
     let story = null;
