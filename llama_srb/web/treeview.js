@@ -72,15 +72,21 @@ export function render(tree, open) {
   const found = query ? matches(tree) : null;
   const shown = found ? withAncestors(tree, found) : null;
   const visible = (node) => !shown || shown.has(node.id);
+  // What each node added, once per drawing (a label compares it with its siblings').
+  const addedOf = new Map();
+  const added = (node) => {
+    if (!addedOf.has(node.id)) addedOf.set(node.id, Tree.addedText(tree, node));
+    return addedOf.get(node.id);
+  };
   const row = (node) =>
-    nodeButton(tree, node, { onPath, found, open, siblings: kids.get(node.parent) ?? [], sizes });
+    nodeButton(tree, node, { onPath, found, open, siblings: kids.get(node.parent) ?? [], sizes, added });
   // A chain of only children is one list; each child of a fork starts a group of its own,
   // one step in, with a line down its side.
   const chain = (start, depth) => {
     const list = el("ul", { role: "group" });
     let node = start;
     for (;;) {
-      list.append(el("li", { role: "none" }, [row(node)]));
+      list.append(el("li", { role: "none", class: "row" }, [row(node)]));
       const children = (kids.get(node.id) ?? []).filter(visible);
       if (folded.has(node.id) && !shown) return list;
       if (children.length !== 1) {
@@ -112,7 +118,7 @@ export function render(tree, open) {
   return found ? found.size : null;
 }
 
-function nodeButton(tree, node, { onPath, found, open, siblings, sizes }) {
+function nodeButton(tree, node, { onPath, found, open, siblings, sizes, added }) {
   const hidden = folded.has(node.id) && !found ? sizes.get(node.id) - 1 : 0;
   const button = el("button", {
     type: "button",
@@ -125,10 +131,10 @@ function nodeButton(tree, node, { onPath, found, open, siblings, sizes }) {
     "data-kind": kindOf(node),
     "data-match": found ? String(found.has(node.id)) : null,
     "aria-expanded": sizes.get(node.id) > 1 ? String(!hidden) : null,
-    title: `#${node.id} · ${describe(node)}\n${Tree.addedText(tree, node).slice(0, 600)}`,
+    title: `#${node.id} · ${describe(node)}\n${added(node).slice(0, 600)}`,
   }, [
     el("span", { class: "node-mark", "aria-hidden": "true", text: markOf(node) }),
-    el("span", { class: "node-label", text: label(tree, node, siblings) }),
+    el("span", { class: "node-label", text: label(tree, node, siblings, added) }),
     node.bookmarked ? el("span", { class: "node-star", title: "bookmarked", text: "★" }) : "",
     hidden ? el("span", { class: "node-folded", "data-testid": "folded", text: `+${hidden}` }) : "",
     el("span", { class: "node-count", text: node.choices.length ? `${node.choices.length}×` : "" }),
@@ -214,7 +220,7 @@ export function describe(node) {
 
 /** What the node changed, in a line: a cut, a replacement, or the words it added (from
  * where they differ from its siblings'). A retry shows what it brought: its first card. */
-export function label(tree, node, siblings = []) {
+export function label(tree, node, siblings = [], added = (n) => Tree.addedText(tree, n)) {
   if (node.parent === null && node.retry_of === null) return snippet(node.text, 60) || "(empty)";
   if (node.retry_of !== null) {
     const first = node.choices.find((c) => c.text)?.text;
@@ -223,18 +229,18 @@ export function label(tree, node, siblings = []) {
   const parent = tree.nodes.get(node.parent);
   const { prefix, suffix } = Tree.change(parent.text, node.text);
   const removed = parent.text.slice(prefix, parent.text.length - suffix);
-  const added = node.text.slice(prefix, node.text.length - suffix);
-  if (!added && removed) return `cut “${snippet(removed, 48)}”`;
-  if (!added) return "(no change)";
-  if (removed) return `“${snippet(removed, 22)}” → “${snippet(added, 30)}”`;
+  const put = node.text.slice(prefix, node.text.length - suffix);
+  if (!put && removed) return `cut “${snippet(removed, 48)}”`;
+  if (!put) return "(no change)";
+  if (removed) return `“${snippet(removed, 22)}” → “${snippet(put, 30)}”`;
   const shared = Math.max(0, ...siblings.filter((s) => s !== node && s.retry_of === null)
-    .map((s) => commonStart(added, Tree.addedText(tree, s))));
+    .map((s) => commonStart(put, added(s))));
   if (shared > SHARED_MIN) {
     // From a few words before the first that differs.
-    const from = added.lastIndexOf(" ", Math.max(0, shared - SHARED_CONTEXT)) + 1;
-    return `…${snippet(added.slice(from), 58)}`;
+    const from = put.lastIndexOf(" ", Math.max(0, shared - SHARED_CONTEXT)) + 1;
+    return `…${snippet(put.slice(from), 58)}`;
   }
-  return snippet(added, 60);
+  return snippet(put, 60);
 }
 
 function commonStart(a, b) {
