@@ -118,9 +118,11 @@ $(NGINX):
 	$(SUDO) apt-get update -qq
 	$(SUDO) apt-get install -y -qq nginx-light
 
-# The README's pictures of the UI (docs/ui.png, tree.png, words.png, phone.png), taken by
-# the browser tests that reach those states (make test never writes them).
-UI_PICTURES := generate_pick or read_side_by_side or words_show or api_key
+# The README's pictures of the UI (docs/ui.png, tree.png, words.png, phone.png, library.png,
+# progress.png, tree-large.png), taken by the browser tests that reach those states (make
+# test never writes them).
+UI_PICTURES := generate_pick or read_side_by_side or words_show or api_key or library_opens_first \
+	or long_prompt or 1000_node
 screenshot: $(STAMP) $(CHROMIUM)
 	LLAMA_SRB_SCREENSHOT=docs $(PY) -m pytest -q tests/integration/test_ui_*.py -k "$(UI_PICTURES)"
 

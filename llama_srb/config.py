@@ -7,6 +7,7 @@ generated from these declarations, so they cannot drift apart.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -21,6 +22,12 @@ from llama_srb.bundled_model import DEFAULT as DEFAULT_MODEL
 MIN_AUTO_N_CTX = 4096  # as llama.cpp's --fit, never chosen lower on its own
 MEMORY_MARGIN = 1 << 30  # left to compute buffers, the OS and everything else
 GiB, MiB = float(1 << 30), float(1 << 20)
+
+
+def default_data_dir() -> Path:
+    """The per-user data folder of the XDG base directory spec (~/.local/share/llama-srb)."""
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "llama-srb"
 
 
 def fit_n_ctx(n_ctx_train: int, bytes_per_cell: int, available: int | None) -> tuple[int, str]:
@@ -275,6 +282,10 @@ class Settings(BaseSettings):
         " total only)",
     )
     log_prompts: bool = Field(False, description="include prompt text in the request log")
+    data_dir: Path = Field(
+        default_data_dir(),
+        description="folder of the server's own data: the story library (stories.sqlite3)",
+    )
 
     @field_validator("tensor_split", mode="before")
     @classmethod

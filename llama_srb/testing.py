@@ -58,11 +58,14 @@ class RunningServer:
 
 @contextmanager
 def run_server(
-    tmp_dir: Path, *args: str, env: dict[str, str] | None = None
+    tmp_dir: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None
 ) -> Iterator[RunningServer]:
-    port = free_port()
+    """The server on `port` (default: a free one). Its story library is in `tmp_dir`
+    unless `args` name a --data-dir: a test never writes the user's own."""
+    port = port or free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *args]
+    data = [] if "--data-dir" in args else ["--data-dir", str(tmp_dir / "data")]
+    cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *data, *args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}

@@ -21,7 +21,7 @@ from llama_srb.api.deps import State
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import ConnectionsCollector, EngineCollector, WatchdogCollector
 from llama_srb.api.middleware import install_middleware
-from llama_srb.api.routes import chat, completions, dialects, models, native, tokenize
+from llama_srb.api.routes import chat, completions, dialects, models, native, stories, tokenize
 from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest
 from llama_srb.api.routes.kobold import kobold_router
 from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest
@@ -32,6 +32,7 @@ from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import document_bodies
 from llama_srb.config import Settings
+from llama_srb.stories.schema import Duplicate, StoryDraft, StoryPatch
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
@@ -41,6 +42,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.open_stories()
         loader = asyncio.create_task(state.load())
         try:
             yield
@@ -86,7 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")
-    for router in (models.router, completions.router, chat.router, tokenize.router):
+    for router in (models.router, completions.router, chat.router, tokenize.router, stories.router):
         v1.include_router(router)
     app.include_router(v1)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there,
@@ -105,6 +107,9 @@ def create_app(settings: Settings) -> FastAPI:
             TokenizeRequest,
             DetokenizeRequest,
             NativeCompletionRequest,
+            StoryDraft,
+            StoryPatch,
+            Duplicate,
             EncodeRequest,
             DecodeRequest,
             KoboldGenerateRequest,

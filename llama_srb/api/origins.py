@@ -40,7 +40,7 @@ LOOPBACK = "loopback"
 ANY = "*"
 NONE = "none"  # --cors-origins none: same origin only
 PREFLIGHT_MAX_AGE = "600"
-ALLOWED_METHODS = "GET, POST, OPTIONS"
+ALLOWED_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"  # PATCH, DELETE: /v1/stories
 EXPOSED_HEADERS = "Retry-After"  # a 429's wait, readable by the page
 
 

@@ -310,6 +310,8 @@ class RequestLog:
         self.key = key
 
     def observe(self, position: int, output: RequestOutput) -> None:
+        if output.prompt_processed is not None:  # the prompt read in part: no tokens yet
+            return
         record = self.records[position]
         before = record.last.times.first_token if record.last is not None else None
         record.observe(output)

@@ -19,11 +19,13 @@ from llama_srb.api.workers import Workers
 from llama_srb.config import Settings
 from llama_srb.engine.watch import Step, Watchdog
 from llama_srb.loader import LoadedEngine, load_engine
+from llama_srb.stories.store import StoryStore
 
 log = logging.getLogger(__name__)
 
 PREPARE_WORKERS = 4  # requests prepared at once; each job is bounded by the request limits
 WATCH_PERIOD_S = 1.0  # how often the watchdog looks, so a stuck step is logged on time
+STORIES_FILE = "stories.sqlite3"  # in --data-dir
 
 
 @dataclass
@@ -62,6 +64,9 @@ class AppState:
         """The engine's step in progress, if it has run past --stuck-after."""
         return self.watchdog.stuck() if self.watchdog is not None else None
 
+    stories: StoryStore | None = None  # the story library, opened at startup
+    stories_error: str | None = None
+
     def chat_template(self) -> ServedTemplate:
         self.ready()
         assert self.chat is not None  # set before `loaded`
@@ -75,6 +80,21 @@ class AppState:
             detail = f": {self.load_error}" if self.load_error else ", try again shortly"
             raise APIError(503, f"the model is not loaded{detail}", code="model_loading")
         return self.loaded
+
+    def open_stories(self) -> None:
+        """The library needs no model: it opens at once, and a data folder that cannot
+        be written leaves the rest of the server serving (its routes say why they fail)."""
+        path = self.settings.data_dir / STORIES_FILE
+        try:
+            self.stories = StoryStore(path)
+        except Exception as exc:
+            log.exception("the story library could not be opened")
+            self.stories_error = f"the story library ({path}) could not be opened: {exc}"
+
+    def story_store(self) -> StoryStore:
+        if self.stories is None:
+            raise APIError(503, self.stories_error or "the story library is not open")
+        return self.stories
 
     async def load(self) -> None:
         loop = asyncio.get_running_loop()
@@ -125,4 +145,6 @@ class AppState:
             if not self.draining:  # drained already on SIGTERM: not a second grace period
                 await self.drain()
             self.stuck_at_exit = not await asyncio.to_thread(self.loaded.close)
+        if self.stories is not None:
+            self.stories.close()
         self.workers.close()

@@ -1,13 +1,17 @@
-// The server's OpenAI-compatible API, as the UI uses it: the model name and streamed
-// completions (Server-Sent Events read from fetch, since EventSource cannot POST).
+// The server's API, as the UI uses it: the model name, token counts, streamed completions
+// (Server-Sent Events read from fetch, since EventSource cannot POST) and the story library
+// (/v1/stories). A network failure throws fetch's own TypeError; an answer that is not a
+// success throws an ApiError.
 
-/** An error the server answered with: its message, HTTP status and, when it names one,
- * the request field (`param`) that caused it. */
+/** An error the server answered with: its message, HTTP status, error code and, when it
+ * names one, the request field (`param`) that caused it; `body`: the whole answer. */
 export class ApiError extends Error {
-  constructor(message, { status = null, param = null } = {}) {
+  constructor(message, { status = null, param = null, code = null, body = null } = {}) {
     super(message);
     this.status = status;
     this.param = param;
+    this.code = code;
+    this.body = body;
   }
 }
 
@@ -32,14 +36,55 @@ export function sessionOf(rootText) {
 async function errorOf(response) {
   let message = `${response.status} ${response.statusText}`;
   let param = null;
+  let code = null;
+  let body = null;
   try {
-    const body = await response.json();
+    body = await response.json();
     if (body?.error?.message) message = body.error.message;
     if (typeof body?.error?.param === "string") param = body.error.param;
+    if (typeof body?.error?.code === "string") code = body.error.code;
   } catch {
     // not JSON (a proxy's page, say): the status line is all we have
   }
-  return new ApiError(message, { status: response.status, param });
+  return new ApiError(message, { status: response.status, param, code, body });
+}
+
+async function call(method, path, { apiKey, body, signal, keepalive = false } = {}) {
+  const response = await fetch(path, {
+    method,
+    headers: headers(apiKey),
+    body: body === undefined ? undefined : JSON.stringify(body),
+    signal,
+    keepalive,
+  });
+  if (!response.ok) throw await errorOf(response);
+  return response.json();
+}
+
+/** The library's routes (llama_srb/api/routes/stories.py). */
+export const stories = {
+  list: (apiKey) => call("GET", "v1/stories", { apiKey }).then((b) => b.data),
+  create: (draft, apiKey) => call("POST", "v1/stories", { apiKey, body: draft }),
+  get: (id, apiKey) => call("GET", `v1/stories/${id}`, { apiKey }),
+  since: (id, revision, apiKey) => call("GET", `v1/stories/${id}?since=${revision}`, { apiKey }),
+  write: (id, patch, apiKey) => call("PATCH", `v1/stories/${id}`, { apiKey, body: patch }),
+  // Sent as the page goes (a reload, a closed tab): the browser finishes it alone.
+  writeOnExit: (id, patch, apiKey) =>
+    call("PATCH", `v1/stories/${id}`, { apiKey, body: patch, keepalive: true }),
+  remove: (id, apiKey) => call("DELETE", `v1/stories/${id}`, { apiKey }),
+  restore: (id, apiKey) => call("POST", `v1/stories/${id}/restore`, { apiKey }),
+  duplicate: (id, apiKey) => call("POST", `v1/stories/${id}/duplicate`, { apiKey }),
+};
+
+/** Whether `err` means the server could not be reached (or answered as a broken proxy). */
+export function isOffline(err) {
+  return !(err instanceof ApiError) || err.status === 502 || err.status === 503 || err.status === 504;
+}
+
+/** The prompt's tokens (the BOS the server adds included) and the server's context size. */
+export async function countTokens(prompt, apiKey, signal) {
+  const body = await call("POST", "v1/tokenize", { apiKey, body: { prompt }, signal });
+  return { tokens: body.count, context: body.max_model_len };
 }
 
 export async function fetchModelName(apiKey) {
@@ -51,13 +96,19 @@ export async function fetchModelName(apiKey) {
 
 /**
  * POSTs a streamed completion; once the server has accepted it calls `onOpen()`, then
- * `onChunk(json)` for each event until `[DONE]` (with best_of, once, for the whole answer). Aborting `signal` closes the connection,
- * which cancels the generation on the server.
+ * `onProgress(prompt_progress)` while the prompt is read (llama.cpp's {total, cache,
+ * processed, time_ms}) and `onChunk(json)` for each event until `[DONE]` (with best_of,
+ * once, for the whole answer). Aborting `signal` closes the connection, which cancels the
+ * generation on the server.
  */
-export async function streamCompletion(body, { apiKey, session, signal, onOpen, onChunk }) {
+export async function streamCompletion(
+  body, { apiKey, session, signal, onOpen, onChunk, onProgress },
+) {
   // best_of cannot be streamed (the best are known at the end): its one answer is the chunk.
   const whole = (body.best_of ?? 0) > (body.n ?? 1);
-  const streamed = whole ? {} : { stream: true, stream_options: { include_usage: true } };
+  const streamed = whole
+    ? {}
+    : { stream: true, stream_options: { include_usage: true }, return_progress: true };
   const response = await fetch("v1/completions", {
     method: "POST",
     headers: { ...headers(apiKey), "X-Session-Id": session },
@@ -75,7 +126,8 @@ export async function streamCompletion(body, { apiKey, session, signal, onOpen, 
         param: chunk.error.param ?? null,
       });
     }
-    onChunk(chunk);
+    if (chunk.prompt_progress) onProgress?.(chunk.prompt_progress);
+    else onChunk(chunk);
   }
 }
 

@@ -1,10 +1,14 @@
-// The branching-story UI: what the writer does (generate, retry, use a card or part of
-// it, go elsewhere in the tree, undo) as changes to the tree (tree.js) and the requests
-// they make (run.js), then a redraw. Drawing, keys and storage live in the other modules.
+// The branching-story UI. The page opens on the library (library.js); a story opens in the
+// workbench, where what the writer does (generate, retry, use a card or part of it, go
+// elsewhere in the tree, undo) becomes changes to the story's tree (tree.js) and the
+// requests they make (run.js), then a redraw. Every change is saved as it happens
+// (sync.js: to the server, and a copy in this browser). Drawing, keys, merging and storage
+// live in the other modules.
 
 import { ApiError, sessionOf } from "./api.js";
 import { ask } from "./ask.js";
 import * as Branches from "./branches.js";
+import * as Budget from "./budget.js";
 import * as Cards from "./cards.js";
 import * as Connection from "./connection.js";
 import * as Context from "./context.js";
@@ -12,86 +16,266 @@ import { $, debounce } from "./dom.js";
 import * as Files from "./files.js";
 import * as History from "./history.js";
 import * as Keys from "./keys.js";
+import * as Library from "./library.js";
+import * as Merge from "./merge.js";
 import * as NodeInfo from "./nodeinfo.js";
+import * as Progress from "./progress.js";
 import { buildPrompt, hasContext } from "./prompt.js";
 import * as Run from "./run.js";
 import * as Settings from "./settings.js";
 import { setNotice, setStatus } from "./status.js";
-import * as Storage from "./storage.js";
 import * as Story from "./story.js";
+import { StorySync } from "./sync.js";
 import * as Tree from "./tree.js";
 import * as TreeView from "./treeview.js";
+import { upgrade } from "./upgrade.js";
 import * as Words from "./words.js";
 
+// A card still follows a story edited before its last TAIL characters (a fixed typo):
+// "Use this" appends it. An edit nearer the end asks first.
+const TAIL = 40;
+
 const state = {
-  tree: Storage.loadTree(),
+  storyId: null, // the open story (null: the library is shown)
+  opening: null, // the story being opened
+  sync: null, // its StorySync
+  tree: Tree.createTree(),
   model: "",
   run: null, // {controller, plan, from, tree, node, undo} while a generation is on
+  warm: null, // {controller, prompt} while a story is read into the cache
   history: History.createHistory(),
   lastVisited: new Map(), // node id → the child the writer last came back from, for →
 };
 
 function init() {
-  Settings.buildForm($("settings"));
+  Settings.buildForm($("settings"), onSettingsInput);
   Story.init(onStoryInput);
-  showCurrent({ restoreDraft: true });
   Context.init(onContextInput);
-  Context.fill(state.tree.context);
   Words.init($("choices"), wordAt);
   new ResizeObserver(() => Cards.balance()).observe($("choices"));
+  Library.init({
+    open: (id) => (location.hash = `#story=${id}`),
+    create: () => newStory(),
+    importFile: importAsStory,
+    apiKey: Connection.apiKey,
+    needKey: Connection.needKey,
+  });
   wireButtons();
+  // The keys act on the open story (none while the library is shown).
+  const open = (fn) => (...args) => (state.storyId ? fn(...args) : false);
   Keys.bind({
     // Inside a card, Ctrl+Enter takes that card, as its "Use this" would.
-    useCard: (target) => {
+    useCard: open((target) => {
       const index = Cards.indexOf(target);
       if (index !== null) acceptCard(Tree.currentNode(state.tree), index);
       return index !== null;
-    },
-    generate,
-    escape: () => {
+    }),
+    generate: open(generate),
+    escape: open(() => {
       if (Words.isOpen()) Words.hide();
       else if (state.run) stop();
       else return false;
       return true;
-    },
-    retry,
-    undo,
-    redo,
-    move: (key) => {
+    }),
+    retry: open(retry),
+    undo: open(undo),
+    redo: open(redo),
+    move: open((key) => {
       const id = TreeView.target(state.tree, key, state.lastVisited);
       if (id !== null && id !== undefined) jumpTo(id);
-    },
-    bookmark: toggleBookmark,
-    remove: deleteNode,
+    }),
+    fold: open(() => {
+      if (TreeView.toggle(state.tree, state.tree.current)) render();
+    }),
+    bookmark: open(toggleBookmark),
+    remove: open(deleteNode),
   });
-  // A reload or a closed tab must not lose a pending save; it stops a generation too.
+  // A reload or a closed tab must not lose a pending change; it stops a generation too.
   window.addEventListener("pagehide", () => {
     Run.finishOpen(state.run?.node, "stopped");
     saveTree();
+    state.sync?.leave();
   });
-  render();
-  Connection.init((name) => {
-    state.model = name;
-  });
+  window.addEventListener("hashchange", route);
+  Connection.init(
+    (name) => {
+      state.model = name;
+      if (name) state.sync?.retry();
+    },
+    () => {
+      state.sync?.retry();
+      if (!state.storyId) route();
+    },
+  );
+  // The old browser-only tree becomes stories of the library first (once).
+  upgrade(Connection.apiKey(), Story.draftKeyOf)
+    .then(({ ids, refused }) => {
+      if (refused.length) {
+        setNotice(`Not moved into the library (kept in this browser): ${refused.join("; ")}`);
+      }
+      return ids.length ? `Your stories from this browser are in the library now.` : "";
+    })
+    .catch(() => "")
+    .then((message) => route(message));
 }
 
-function wireButtons() {
-  const on = (id, fn) => $(id).addEventListener("click", fn);
-  on("generate", generate);
-  on("retry", retry);
-  on("stop", stop);
-  on("undo", undo);
-  on("redo", redo);
-  on("export-text", () => Files.download("story.txt", Story.value(), "text/plain"));
-  on("export-json", exportJSON);
-  on("import-json", () => $("import-file").click());
-  $("import-file").addEventListener("change", importJSON);
-  on("new-story", newStory);
-  on("bookmark", toggleBookmark);
-  on("delete-node", deleteNode);
-  on("prune", prune);
-  on("reuse-settings", reuseSettings);
-  $("sent").addEventListener("toggle", () => Context.showSent(Story.value(), state.tree.context));
+// ---------- the library and the open story ----------
+
+/** Shows what the address says: a story (#story=<id>) or the library. */
+function route(message = "") {
+  const id = new URLSearchParams(location.hash.slice(1)).get("story");
+  if (id) openStory(id);
+  else showLibrary(typeof message === "string" ? message : "");
+}
+
+function showLibrary(message = "") {
+  leaveStory();
+  $("story-view").hidden = true;
+  $("story-title").hidden = true;
+  $("library").hidden = false;
+  document.title = "llama-srb · your stories";
+  Library.show(message);
+}
+
+async function openStory(id) {
+  if (id === state.storyId || id === state.opening) return;
+  leaveStory();
+  state.opening = id;
+  $("library").hidden = true;
+  let sync;
+  try {
+    sync = await StorySync.open(id, syncHooks(id));
+  } catch (err) {
+    state.opening = null;
+    // Neither the server nor this browser has it (made and left at once, say): it starts
+    // again, empty, with what the writer typed (its draft is kept apart).
+    if (err.status === 404) return newStory(undefined, id);
+    const why = err.status === 410 ? "it is in the trash" : err.message;
+    location.hash = "";
+    return showLibrary(`Could not open that story: ${why}.`);
+  }
+  if (state.opening !== id) return sync.close(); // the writer went elsewhere meanwhile
+  state.opening = null;
+  show(sync);
+}
+
+/** A new story, made in this browser and saved to the server by its first save. */
+function newStory(tree = Tree.createTree({ settings: Settings.defaults() }), id = newId()) {
+  leaveStory();
+  show(StorySync.create(id, tree, syncHooks(id)));
+  location.hash = `#story=${id}`;
+  $("story").focus();
+}
+
+function show(sync) {
+  const tree = sync.tree;
+  state.storyId = sync.id;
+  state.sync = sync;
+  state.tree = tree;
+  state.history = sync.history;
+  state.lastVisited = new Map();
+  Story.setStory(sync.id);
+  TreeView.setStory(sync.id);
+  Settings.fill($("settings"), tree.settings);
+  Context.fill(tree.context);
+  $("story-name").value = tree.name;
+  $("library").hidden = true;
+  $("story-view").hidden = false;
+  $("story-title").hidden = false;
+  document.title = `${tree.name || "Untitled story"} · llama-srb`;
+  setStatus("");
+  setNotice("");
+  Progress.hide();
+  showCurrent({ restoreDraft: true });
+  render();
+  warm();
+}
+
+function leaveStory() {
+  state.opening = null;
+  if (!state.storyId) return;
+  keepDraft();
+  stop();
+  state.warm?.controller.abort();
+  saveTree();
+  const leaving = state.sync;
+  leaving.keep();
+  leaving.flush().finally(() => leaving.close()); // it saves what is left, then stops
+  state.storyId = null;
+  state.sync = null;
+}
+
+function newId() {
+  const bytes = crypto.getRandomValues(new Uint8Array(12));
+  return btoa(String.fromCharCode(...bytes)).replaceAll("+", "-").replaceAll("/", "_");
+}
+
+/** What sync.js needs from the page, for story `id` (while it is the one shown). */
+function syncHooks(id) {
+  const shown = () => state.storyId === id;
+  return {
+    apiKey: Connection.apiKey,
+    onRenumber: (moves) => {
+      if (!shown()) return;
+      Story.renumber(moves);
+      const to = (x) => (moves.has(x) ? moves.get(x) : x);
+      state.lastVisited = new Map([...state.lastVisited].map(([a, b]) => [to(a), to(b)]));
+      if (state.run) {
+        state.run.from = to(state.run.from);
+        if (state.run.plan.parent != null) state.run.plan.parent = to(state.run.plan.parent);
+      }
+    },
+    onMerged: () => {
+      if (!shown()) return;
+      const tree = state.tree;
+      if (tree.current !== null && !tree.nodes.has(tree.current)) tree.current = null;
+      $("story-name").value = tree.name;
+      const node = Tree.currentNode(tree);
+      if (!Story.isDraft() && Story.value() !== (node?.text ?? "")) showCurrent();
+      Context.fill(tree.context);
+      Settings.fill($("settings"), tree.settings);
+      render();
+    },
+    ask: askAboutConflicts,
+    onStatus: (kind, message) => {
+      if (!shown() && state.opening !== id) return;
+      $("save-state").textContent = message;
+      $("save-state").dataset.kind = kind;
+    },
+    onGone: () =>
+      ask("This story was deleted", "It was deleted in another tab or on another device.", [
+        { value: "restore", label: "Keep it (restore it)" },
+        { value: "close", label: "Let it go" },
+      ]),
+    needKey: Connection.needKey,
+  };
+}
+
+/** Others changed what the writer changed: one question for all the clashes. */
+async function askAboutConflicts(conflicts) {
+  const list = conflicts.slice(0, 6).map(Merge.describe).join("; ");
+  const more = conflicts.length > 6 ? ` and ${conflicts.length - 6} more` : "";
+  const nodes = conflicts.some((c) => c.kind !== "meta");
+  const answers = [
+    nodes && { value: "both", label: "Keep both" },
+    { value: "mine", label: "Keep mine" },
+    { value: "theirs", label: "Keep theirs" },
+  ].filter(Boolean);
+  const answer = await ask(
+    "This story changed elsewhere too",
+    `It was changed in another tab or on another device, where ${conflicts.length} of your` +
+      ` changes were changed too: ${list}${more}. Keep both keeps every version (yours of` +
+      " a node as a copy beside it).",
+    answers,
+  );
+  setNotice(
+    answer === "theirs"
+      ? "The other version is kept; Undo (Ctrl+Z) does not bring yours back, Export first if unsure."
+      : answer === "mine"
+        ? "Your version is kept."
+        : "Both versions are kept.",
+  );
+  return answer ?? (nodes ? "both" : "mine");
 }
 
 // ---------- generating ----------
@@ -99,7 +283,7 @@ function wireButtons() {
 /** Continues the story as the box shows it: the writer's edit becomes a node of its own;
  * the same text as the node's gives that node (again) new continuations. */
 function generate() {
-  if (state.run) return;
+  if (state.run || !state.storyId) return;
   const text = Story.value();
   if (!text.trim()) return setStatus("Write the beginning of a story first.", "error");
   const node = Tree.currentNode(state.tree);
@@ -122,6 +306,7 @@ function retryPlan(node) {
   const plan = {
     parent: node.parent,
     via: node.via,
+    viaNode: node.via_node,
     text: node.text,
     modelChars: node.model_chars,
     retryOf: node.retry_of ?? node.id,
@@ -134,25 +319,59 @@ function acceptCard(node, index) {
   if (choice && choice.text && !isStreaming(choice)) acceptText(node, index, choice.text);
 }
 
-/** Adds `added` (all of card `index` of `node`, or the start of it) to the node's story
- * and generates from there. An unsaved edit of the story is kept as a node first. */
-function acceptText(node, index, added) {
+/** Adds `added` (all of card `index` of `node`, or the start of it) to the story and
+ * generates from there. When the writer edited the story box, the card goes after the
+ * edit (the edit kept as a node first): at once if the edit leaves the end the card
+ * followed, else the writer is asked. */
+async function acceptText(node, index, added) {
   if (!added) return;
-  const kept = keepDraft();
+  const choice = node.choices[index];
+  // Of an edited card, the model wrote what is left of its own text at the start.
+  const modelChars = choice.edited ? commonStart(added, choice.original ?? "") : added.length;
+  let parent = node;
+  if (Story.isDraft()) {
+    const { suffix } = Tree.change(node.text, Story.value());
+    if (suffix < Math.min(TAIL, node.text.length)) {
+      const answer = await ask(
+        "Your edit changed the end of the story",
+        "This continuation followed the story as it was before your edit, so it may not" +
+          " follow your text. Generate new continuations for your text instead?",
+        [
+          { value: "generate", label: "Generate for my text" },
+          { value: "append", label: "Add this one anyway" },
+          { value: "cancel", label: "Cancel" },
+        ],
+      );
+      if (answer === "generate") return generate();
+      if (answer !== "append") return;
+    }
+    parent = keepDraft(); // the edit, a node of its own: the card goes after it
+  }
   stop();
   // The story's new end is what the writer reads next (the card clicked may be far below);
   // the focus stays by the cards for the keyboard, without scrolling the page.
   const box = $("story-box").getBoundingClientRect();
   if (box.top < 0 || box.top > window.innerHeight) $("story-box").scrollIntoView({ block: "start" });
   $("choices").focus({ preventScroll: true });
-  const choice = node.choices[index];
-  // Of an edited card, the model wrote what is left of its own text at the start.
-  const modelChars = choice.edited ? commonStart(added, choice.original ?? "") : added.length;
-  start({ parent: node.id, via: index, text: node.text + added, modelChars, kept });
+  start({
+    parent: parent.id,
+    via: index,
+    viaNode: parent === node ? null : node.id,
+    text: parent.text + added,
+    modelChars,
+    kept: parent === node ? null : parent,
+  });
 }
 
 function rootOf(id) {
   return state.tree.nodes.get(Tree.pathTo(state.tree, id)[0]);
+}
+
+/** The prompt for `text`: with memory and note, and the story's start left out if the
+ * model's context cannot hold it and the continuations (budget.js). */
+function promptFor(text, context, fields) {
+  const plan = Budget.fit(text, context, Budget.reserve(fields));
+  return buildPrompt(plan.story, context);
 }
 
 async function start(plan) {
@@ -168,17 +387,23 @@ async function start(plan) {
   const run = { controller: new AbortController(), plan, from: state.tree.current };
   Object.assign(run, { tree: state.tree, node: null, undo: null });
   state.run = run;
+  state.warm?.controller.abort(); // what it read so far stays in the cache
   setStatus("Sending…");
   setNotice(plan.kept ? `Your edit of the story is kept in the tree as #${plan.kept.id}.` : "");
   render();
-  const failure = await Run.stream(run, { ...fields, prompt: buildPrompt(plan.text, context) }, {
+  await Budget.countNow(plan.text, context, Connection.apiKey());
+  Progress.start("generate");
+  const failure = await Run.stream(run, { ...fields, prompt: promptFor(plan.text, context, fields) }, {
     apiKey: Connection.apiKey(),
     session: sessionOf(plan.parent == null ? plan.text : rootOf(plan.parent).text),
     open: () => openNode(run, fields, context),
     update: (index, choice) => {
       if (Tree.currentNode(state.tree) === run.node) Cards.update(index, choice, isStreaming(choice));
+      state.sync?.changed(); // saved as it streams (at most a few times a second)
     },
+    progress: Progress.update,
   });
+  Progress.finish();
   // A run stopped for a newer one (Retry, say) leaves the status to that one.
   if (state.run === run || state.run === null) {
     if (!failure) setStatus("");
@@ -196,7 +421,7 @@ async function start(plan) {
 function openNode(run, fields, context) {
   const { plan } = run;
   const tree = state.tree;
-  if (tree !== run.tree) return null; // the tree was replaced meanwhile (undo, import)
+  if (tree !== run.tree) return null; // another story was opened meanwhile
   run.undo = record();
   const reuse = plan.reuse && tree.nodes.get(plan.reuse.id);
   const reusable =
@@ -206,6 +431,7 @@ function openNode(run, fields, context) {
     : Tree.addNode(tree, {
         parent: plan.parent,
         via: plan.via,
+        viaNode: plan.viaNode ?? null,
         text: plan.text,
         modelChars: plan.modelChars,
         retryOf: plan.retryOf ?? null,
@@ -214,6 +440,7 @@ function openNode(run, fields, context) {
   node.context = hasContext(context) ? context : null;
   node.stats = null;
   node.choices = Array.from({ length: fields.n ?? 1 }, () => Run.emptyChoice(fields.logprobs));
+  run.node = node; // its cards are drawn streaming from the start
   Settings.clearErrors($("settings"));
   // Follow the new node unless the writer went elsewhere while the request was sent.
   if (tree.current === run.from) {
@@ -267,6 +494,32 @@ function showError(err) {
   const key = Settings.fieldOfError(form, err);
   if (key) Settings.markError(form, key, err.message);
   setStatus(`Server: ${err.message}${key ? ` (see ${key} under Settings)` : ""}`, "error");
+}
+
+/** Opening a story reads it into the server's prefix cache (a request with max_tokens 0
+ * on the prompt the next Generate sends), so its first continuations start at once. */
+async function warm() {
+  const node = Tree.currentNode(state.tree);
+  if (!node?.text.trim() || state.run) return;
+  const fields = Settings.requestFields(Settings.readForm($("settings")));
+  const context = { ...state.tree.context };
+  await Budget.countNow(node.text, context, Connection.apiKey());
+  if (state.run || Tree.currentNode(state.tree) !== node) return;
+  const prompt = promptFor(node.text, context, fields);
+  state.warm?.controller.abort();
+  const warming = { controller: new AbortController(), prompt };
+  state.warm = warming;
+  Progress.start("warm");
+  const failure = await Run.warm(prompt, {
+    apiKey: Connection.apiKey(),
+    session: sessionOf(rootOf(node.id).text),
+    signal: warming.controller.signal,
+    progress: Progress.update,
+  });
+  if (state.warm !== warming) return;
+  state.warm = null;
+  if (failure) Progress.hide();
+  else Progress.finish();
 }
 
 // ---------- words ----------
@@ -332,16 +585,6 @@ function keepDraft() {
   return kept;
 }
 
-function newStory() {
-  keepDraft();
-  stop();
-  state.tree.current = null; // the old story stays in the tree; the next Generate starts a root
-  showCurrent();
-  saveTree();
-  render();
-  $("story").focus();
-}
-
 function toggleBookmark() {
   const node = Tree.currentNode(state.tree);
   if (!node) return;
@@ -383,35 +626,35 @@ function reuseSettings() {
   const node = Tree.currentNode(state.tree);
   if (!node?.params) return;
   Settings.writeForm($("settings"), node.params);
+  onSettingsInput(Settings.readForm($("settings")));
   setNotice(`The settings of #${node.id} are in the form again.`);
 }
 
 /** Call before each change to the tree, so that Undo can bring it back. */
 function record() {
-  return History.record(state.history, Tree.clone(state.tree));
+  return History.record(state.history, state.tree);
 }
 
 function undo() {
   keepDraft(); // an unsaved edit is undone like any other change: Redo brings it back
-  const past = History.undo(state.history, Tree.clone(state.tree));
-  if (past === null) return setStatus("Nothing to undo.");
-  restore(past);
+  stop();
+  if (!History.undo(state.history, state.tree)) return setStatus("Nothing to undo.");
+  restored();
   setStatus("Undone.");
 }
 
 function redo() {
-  const future = History.redo(state.history, Tree.clone(state.tree));
-  if (future === null) return setStatus("Nothing to redo.");
-  restore(future);
+  stop();
+  if (!History.redo(state.history, state.tree)) return setStatus("Nothing to redo.");
+  restored();
   setStatus("Redone.");
 }
 
-function restore(snapshot) {
-  stop();
-  state.tree = Tree.clone(snapshot); // the snapshot itself stays as it was, for redo
+function restored() {
   showCurrent();
   Context.fill(state.tree.context);
-  saveTree();
+  Settings.fill($("settings"), state.tree.settings);
+  state.sync?.changed();
   render();
 }
 
@@ -420,10 +663,14 @@ function restore(snapshot) {
 function exportJSON() {
   keepDraft();
   const data = Tree.toJSON(state.tree, state.model);
-  Files.download("llama-srb-tree.json", JSON.stringify(data, null, 2), "application/json");
+  Files.download(`${fileName()}.json`, JSON.stringify(data, null, 2), "application/json");
 }
 
-/** Asks before touching the tree: the file's nodes go beside it, or replace it. */
+function fileName() {
+  return (state.tree.name || "story").replace(/[^\p{L}\p{N} _-]+/gu, "").trim() || "story";
+}
+
+/** Asks before touching the story: the file's nodes go into it, or become a new story. */
 async function importJSON(event) {
   const file = event.target.files[0];
   event.target.value = ""; // so choosing the same file again fires `change` again
@@ -438,26 +685,58 @@ async function importJSON(event) {
   const size = state.tree.nodes.size;
   const answer =
     size === 0
-      ? "replace"
+      ? "fill"
       : await ask(
           `Import ${file.name}?`,
-          `It holds ${imported.nodes.size} node(s); your tree has ${size}.`,
+          `It holds ${imported.nodes.size} node(s); this story has ${size}.`,
           [
-            { value: "add", label: "Add it beside my tree" },
-            { value: "replace", label: "Replace my tree" },
+            { value: "add", label: "Add it to this story" },
+            { value: "new", label: "Open it as a new story" },
             { value: "cancel", label: "Cancel" },
           ],
         );
-  if (answer !== "add" && answer !== "replace") return setStatus("Nothing imported.");
+  if (answer === "new") return importTree(imported, file.name);
+  if (answer !== "add" && answer !== "fill") return setStatus("Nothing imported.");
   stop();
   record();
-  if (answer === "replace") state.tree = imported;
+  if (answer === "fill") fillStory(imported, file.name);
   else state.tree.current = Tree.merge(state.tree, imported) ?? state.tree.current;
   showCurrent();
   Context.fill(state.tree.context);
   saveTree();
   render();
   setStatus(`Imported ${imported.nodes.size} node(s). Undo (Ctrl+Z) takes it back.`);
+}
+
+/** An empty story takes the file whole: its nodes, memory, note, settings and name. */
+function fillStory(imported, fileName) {
+  const tree = state.tree;
+  Object.assign(tree, {
+    nodes: imported.nodes, current: imported.current, nextId: imported.nextId,
+    context: imported.context,
+  });
+  if (Object.keys(imported.settings).length) tree.settings = imported.settings;
+  tree.name = tree.name || imported.name || fileName.replace(/\.json$/i, "");
+  $("story-name").value = tree.name;
+  Settings.fill($("settings"), tree.settings);
+}
+
+/** A file from the library's "Import a story…" (or "as a new story"): a new story. */
+async function importAsStory(file) {
+  let imported;
+  try {
+    imported = await Files.readTree(file);
+  } catch (err) {
+    return Library.show(`Could not import ${file.name}: ${err.message}`);
+  }
+  importTree(imported, file.name);
+}
+
+function importTree(imported, fileName) {
+  imported.name ||= fileName.replace(/\.json$/i, "");
+  if (!Object.keys(imported.settings).length) imported.settings = Settings.defaults();
+  newStory(imported);
+  setStatus(`Imported ${imported.nodes.size} node(s) as a new story.`);
 }
 
 // ---------- the story box, memory and author's note ----------
@@ -468,28 +747,60 @@ function showCurrent({ restoreDraft = false, draft = null } = {}) {
   const id = node?.id ?? null;
   const runs = node ? Tree.authorship(state.tree, id) : [];
   Story.show(id, node?.text ?? "", runs, draft ?? (restoreDraft ? Story.savedDraft(id) : null));
+  showBudget();
 }
 
 function onStoryInput() {
-  $("undo").disabled = state.history.past.length === 0 && !Story.isDraft();
-  Context.showSent(Story.value(), state.tree.context);
+  $("undo").disabled = !History.canUndo(state.history) && !Story.isDraft();
+  Context.showSent(sentStory(), state.tree.context);
+  showBudget();
 }
 
 function onContextInput(context) {
   state.tree.context = context;
-  saveTreeSoon();
-  Context.showSent(Story.value(), context);
+  state.sync?.changed();
+  Context.showSent(sentStory(), context);
+  showBudget();
+}
+
+function onSettingsInput(values) {
+  state.tree.settings = values;
+  state.sync?.changed();
+  showBudget();
+}
+
+function onNameInput() {
+  state.tree.name = $("story-name").value.trim();
+  document.title = `${state.tree.name || "Untitled story"} · llama-srb`;
+  state.sync?.changed();
+}
+
+/** The story as the next prompt carries it (its start left out when it must be). */
+function sentStory() {
+  const fields = Settings.requestFields(Settings.readForm($("settings")));
+  return Budget.fit(Story.value(), state.tree.context, Budget.reserve(fields)).story;
+}
+
+/** The word count and the context bar, counted again once typing pauses. */
+function showBudget() {
+  const fields = Settings.requestFields(Settings.readForm($("settings")));
+  const text = Story.value();
+  Budget.show(text, state.tree.context, Budget.reserve(fields));
+  Budget.count(text, state.tree.context, Connection.apiKey(), () => {
+    if (Story.value() === text) Budget.show(text, state.tree.context, Budget.reserve(fields));
+  });
 }
 
 // ---------- rendering ----------
 
 function render() {
+  if (!state.storyId) return;
   const node = Tree.currentNode(state.tree);
   const run = state.run;
   Words.hide();
   $("generate").disabled = run !== null;
   $("stop").disabled = run === null;
-  $("undo").disabled = state.history.past.length === 0 && !Story.isDraft();
+  $("undo").disabled = !History.canUndo(state.history) && !Story.isDraft();
   $("redo").disabled = state.history.future.length === 0;
   // The prompt being continued must match what is shown.
   Story.setReadOnly(run !== null && (run.node === null || run.node === node));
@@ -499,15 +810,17 @@ function render() {
       edit: (index, text) => editCard(node, index, text),
     },
     branched: (index) =>
-      Tree.childrenOf(state.tree, node.id).filter((c) => c.via === index && c.retry_of === null)
-        .length,
+      [...state.tree.nodes.values()].filter(
+        (c) => (c.via_node ?? c.parent) === node.id && c.via === index && c.retry_of === null,
+      ).length,
     isStreaming,
   });
-  TreeView.render(state.tree, jumpTo);
+  const found = TreeView.render(state.tree, jumpTo);
+  $("tree-found").textContent = found === null ? "" : `${found} found`;
   Branches.render(state.tree, node, state.lastVisited, jumpTo);
   NodeInfo.render(node);
   renderStats(node);
-  Context.showSent(Story.value(), state.tree.context);
+  Context.showSent(sentStory(), state.tree.context);
 }
 
 function editCard(node, index, text) {
@@ -526,6 +839,44 @@ function renderStats(node) {
   $("stat-tokens").textContent = s ? String(s.completion_tokens) : "–";
 }
 
+function wireButtons() {
+  const on = (id, fn) => $(id).addEventListener("click", fn);
+  on("generate", generate);
+  on("retry", retry);
+  on("stop", stop);
+  on("undo", undo);
+  on("redo", redo);
+  on("export-text", () => Files.download(`${fileName()}.txt`, Story.value(), "text/plain"));
+  on("export-json", exportJSON);
+  on("import-json", () => $("import-file").click());
+  $("import-file").addEventListener("change", importJSON);
+  on("new-story", () => newStory());
+  on("bookmark", toggleBookmark);
+  on("delete-node", deleteNode);
+  on("prune", prune);
+  on("reuse-settings", reuseSettings);
+  on("tree-fold", () => {
+    TreeView.foldOthers(state.tree);
+    render();
+  });
+  $("story-name").addEventListener("input", debounce(onNameInput, 300));
+  $("tree-search").addEventListener(
+    "input",
+    debounce(() => {
+      TreeView.setQuery($("tree-search").value);
+      render();
+    }, 150),
+  );
+  $("tree-search").addEventListener("keydown", (event) => {
+    if (event.key !== "Enter") return;
+    // Enter: the next node that matches (after the current one, round again).
+    const ids = TreeView.found(state.tree);
+    const next = ids.find((id) => id > (state.tree.current ?? 0)) ?? ids[0];
+    if (next !== undefined) jumpTo(next);
+  });
+  $("sent").addEventListener("toggle", () => Context.showSent(sentStory(), state.tree.context));
+}
+
 // ---------- small helpers ----------
 
 function commonStart(a, b) {
@@ -534,13 +885,21 @@ function commonStart(a, b) {
   return i;
 }
 
+/** After each change: the undo step is closed and the story saved (sync.js). A story
+ * without a name takes the first words of its text. */
 function saveTree() {
-  if (!Storage.saveTree(state.tree, state.model)) {
-    setStatus("The tree is too big to keep in this browser; export it to keep it.", "error");
+  if (!state.storyId) return;
+  History.commit(state.history, state.tree);
+  const tree = state.tree;
+  if (!tree.name && !$("story-name").value.trim()) {
+    const first = Tree.childrenOf(tree, null)[0];
+    tree.name = first ? Tree.nameFrom(first.text) : "";
+    $("story-name").value = tree.name;
   }
+  state.sync?.changed();
 }
 
-// Edits save once typing pauses, not on every keystroke: the whole tree is rewritten.
+// Card edits save once typing pauses, as one undo step per pause.
 const saveTreeSoon = debounce(saveTree, 400);
 
 init();

@@ -38,6 +38,7 @@ export function update(index, choice, streaming) {
   const text = card.querySelector(".choice-text");
   if (text.value !== choice.text) text.value = choice.text;
   text.readOnly = streaming;
+  text.placeholder = streaming ? "The first words are on their way…" : "";
   const words = card.querySelector(".choice-words");
   // Words once they come (a server that sends no logprobs leaves the plain text).
   const wordMode =

@@ -10,8 +10,9 @@ const API_KEY_KEY = "llama-srb.api-key";
 
 let latest = 0; // only the answer to the latest check counts
 
-/** `onModel(name)` hears the model's name ("" while unknown). */
-export function init(onModel) {
+/** `onModel(name)` hears the model's name ("" while unknown); `onKey()`, that the writer
+ * changed the API key. */
+export function init(onModel, onKey = () => {}) {
   $("api-key").value = localStorage.getItem(API_KEY_KEY) ?? "";
   showKeyBox(apiKey() !== "");
   $("key-toggle").addEventListener("click", () => {
@@ -23,6 +24,7 @@ export function init(onModel) {
     debounce(() => {
       localStorage.setItem(API_KEY_KEY, apiKey());
       check(onModel);
+      onKey();
     }, 250),
   );
   check(onModel);

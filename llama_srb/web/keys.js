@@ -1,13 +1,14 @@
 // The keyboard. Anywhere: Ctrl+Enter generates (inside a card: uses that card), Esc stops
 // (or closes the word menu), Alt+R retries. Outside text boxes: Ctrl+Z undoes, Ctrl+Shift+Z
-// or Ctrl+Y redoes. In the tree: arrows (or h j k l) move, b bookmarks, Delete deletes.
+// or Ctrl+Y redoes. In the tree: arrows (or h j k l) move, c folds or unfolds what grows
+// from the node, b bookmarks, Delete deletes.
 
 import { isTyping } from "./dom.js";
 
 const MOVES = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown", "h", "j", "k", "l"];
 
 /** `a`: the actions, {useCard(target) → bool, generate, escape() → bool, retry, undo, redo,
- * move(key), bookmark, remove}. */
+ * move(key), fold, bookmark, remove}. */
 export function bind(a) {
   document.addEventListener("keydown", (event) => {
     const mod = event.ctrlKey || event.metaKey;
@@ -28,6 +29,7 @@ export function bind(a) {
     } else if (!mod && !event.altKey && event.target.closest?.("#tree")) {
       if (MOVES.includes(event.key)) handled(() => a.move(event.key));
       else if (event.key === "b") handled(a.bookmark);
+      else if (event.key === "c") handled(a.fold);
       else if (event.key === "Delete") handled(a.remove);
     }
   });

@@ -10,7 +10,7 @@ import * as Words from "./words.js";
  * every change to a card. Resolves to null when the server finished, else to the error
  * (an AbortError when stopped); the node's open cards and its stats are settled either way.
  */
-export async function stream(run, body, { apiKey, session, open, update }) {
+export async function stream(run, body, { apiKey, session, open, update, progress }) {
   const timing = { start: performance.now(), first: null, usage: null };
   let failure = null;
   try {
@@ -23,6 +23,7 @@ export async function stream(run, body, { apiKey, session, open, update }) {
         if (!run.node) run.controller.abort();
       },
       onChunk: (chunk) => onChunk(run.node, chunk, timing, update),
+      onProgress: progress,
     });
   } catch (err) {
     failure = err;
@@ -32,6 +33,21 @@ export async function stream(run, body, { apiKey, session, open, update }) {
   finishOpen(run.node, failure ? (stopped ? "stopped" : "error") : "incomplete");
   if (run.node) run.node.stats = stats(run.node, timing);
   return failure;
+}
+
+/** Reads `prompt` into the server's prefix cache and nothing more (max_tokens 0), so the
+ * next continuation of it starts at once; `progress` hears how far it is read. Resolves
+ * to null, or the error (an AbortError when cancelled). */
+export async function warm(prompt, { apiKey, session, signal, progress }) {
+  try {
+    await streamCompletion(
+      { prompt, max_tokens: 0, n: 1 },
+      { apiKey, session, signal, onProgress: progress, onChunk: () => {} },
+    );
+    return null;
+  } catch (err) {
+    return err;
+  }
 }
 
 export function emptyChoice(logprobs) {
@@ -55,7 +71,10 @@ function onChunk(node, chunk, timing, update) {
       // One piece per engine step and choice, so pieces ≈ tokens (with logprobs: exact).
       choice.tokens += delta.logprobs?.tokens?.length || 1;
     }
-    if (choice.pieces && delta.logprobs) choice.pieces.push(...Words.piecesOf(delta.logprobs));
+    // A new list, never a push: copies of the tree (the server's, undo's) share the old one.
+    if (choice.pieces && delta.logprobs) {
+      choice.pieces = [...choice.pieces, ...Words.piecesOf(delta.logprobs)];
+    }
     if (delta.finish_reason) finish(node, choice, delta.finish_reason);
     update(delta.index, choice);
   }

@@ -1,9 +1,8 @@
-// Generation settings: declared once here; the form, local storage and the request body
-// all come from this list. Defaults are the server's (llama.cpp's), except n and max_tokens.
+// Generation settings: declared once here; the form, the story's saved settings (the
+// form's raw values, kept with each story) and the request body all come from this list.
+// Defaults are the server's (llama.cpp's), except n and max_tokens.
 
 import { el } from "./dom.js";
-
-const STORAGE_KEY = "llama-srb.settings";
 
 const GROUPS = [
   {
@@ -89,31 +88,36 @@ const GROUPS = [
 
 const FIELDS = GROUPS.flatMap((g) => g.fields);
 
-function loadSaved() {
-  try {
-    return JSON.parse(localStorage.getItem(STORAGE_KEY) ?? "{}") ?? {};
-  } catch {
-    return {}; // a corrupt entry must not break the page
-  }
+/** The form's raw values for a new story. */
+export function defaults() {
+  return Object.fromEntries(FIELDS.map((f) => [f.key, f.value]).filter(([, v]) => v !== ""));
 }
 
-function defaults() {
-  return Object.fromEntries(FIELDS.map((f) => [f.key, f.value]));
-}
-
-/** Fills `form` with the fields, showing the saved values; edits are saved as they happen. */
-export function buildForm(form) {
-  const saved = { ...defaults(), ...loadSaved() };
+/** Fills `form` with the fields, at their defaults; `onChange(values)` hears every edit. */
+export function buildForm(form, onChange) {
+  const values = defaults();
   for (const group of GROUPS) {
     const set = el("fieldset", {}, [el("legend", { text: group.legend })]);
-    for (const field of group.fields) set.append(fieldFor(field, saved[field.key]));
+    for (const field of group.fields) set.append(fieldFor(field, values[field.key]));
     form.append(set);
   }
   form.addEventListener("input", (event) => {
     clearError(form, event.target.name);
-    localStorage.setItem(STORAGE_KEY, JSON.stringify(readForm(form)));
+    onChange(readForm(form));
   });
   form.addEventListener("submit", (e) => e.preventDefault());
+}
+
+/** Shows a story's saved raw values (missing ones at their defaults). */
+export function fill(form, values) {
+  const all = { ...defaults(), ...values };
+  for (const field of FIELDS) {
+    const input = form.elements.namedItem(field.key);
+    if (!input) continue;
+    if (field.checkbox) input.checked = Boolean(all[field.key]);
+    else input.value = all[field.key] ?? "";
+    clearError(form, field.key);
+  }
 }
 
 function fieldFor(field, value) {
@@ -151,7 +155,6 @@ export function writeForm(form, values) {
     else input.value = value ?? (field.zeroIsOff ? "0" : "");
     clearError(form, field.key);
   }
-  localStorage.setItem(STORAGE_KEY, JSON.stringify(readForm(form)));
 }
 
 /** The first setting that is not a number or out of range. A value off the spinner's step

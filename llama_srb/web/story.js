@@ -1,11 +1,28 @@
 // The story box: the text of the current node, with the model's words marked apart from
 // the writer's (a backdrop of <mark>s behind a transparent textarea), kept scrolled to its
-// end, and the writer's unsaved edit (a draft) kept in local storage until it joins the tree.
+// end, and the writer's unsaved edit (a draft) kept in local storage, per story, until it
+// joins the tree.
 
 import { $, el } from "./dom.js";
 import { carryRuns } from "./tree.js";
 
-const DRAFT_KEY = "llama-srb.draft";
+let draftKey = null; // where the open story's draft is kept
+
+/** Where story `id`'s draft is kept. */
+export function draftKeyOf(id) {
+  return `llama-srb.draft.${id}`;
+}
+
+export function setStory(id) {
+  draftKey = id ? draftKeyOf(id) : null;
+}
+
+/** After the server gave nodes new ids: the shown node and its draft follow. */
+export function renumber(moves) {
+  if (!moves.has(base.node)) return;
+  base.node = moves.get(base.node);
+  saveDraft();
+}
 
 // What the shown node holds; the box differs from it while the writer has a draft.
 let base = { node: null, text: "", runs: [] };
@@ -60,8 +77,9 @@ function scrollToEnd() {
 
 /** The draft saved for `nodeId` (null: a new story), if any. */
 export function savedDraft(nodeId) {
+  if (!draftKey) return null;
   try {
-    const draft = JSON.parse(localStorage.getItem(DRAFT_KEY) ?? "null");
+    const draft = JSON.parse(localStorage.getItem(draftKey) ?? "null");
     if (draft && draft.node === nodeId && typeof draft.text === "string") return draft.text;
   } catch {
     // a corrupt entry is ignored
@@ -70,10 +88,11 @@ export function savedDraft(nodeId) {
 }
 
 function saveDraft() {
+  if (!draftKey) return;
   if (isDraft()) {
-    localStorage.setItem(DRAFT_KEY, JSON.stringify({ node: base.node, text: value() }));
+    localStorage.setItem(draftKey, JSON.stringify({ node: base.node, text: value() }));
   } else {
-    localStorage.removeItem(DRAFT_KEY);
+    localStorage.removeItem(draftKey);
   }
   $("draft-state").hidden = !isDraft() || base.node === null;
 }

@@ -1,14 +1,29 @@
 // The story tree: pure data, no DOM. Every node holds a story text and the n continuations
 // generated from it. A child starts from its parent's text plus a continuation the writer
-// accepted (`via`: its index; `model_chars`: how much of the added text the model wrote),
-// or from the writer's own edit (`via` null). A retry is a sibling with the same text
-// (`retry_of`). Kept flat (id → node) so it serializes to JSON as it is.
+// accepted (`via`: its index; `model_chars`: how much of the added text the model wrote;
+// `via_node`: whose card it was, when not the parent's: a card used after an edit), or from
+// the writer's own edit (`via` null). A retry is a sibling with the same text (`retry_of`).
+// Kept flat (id → node) so it serializes to JSON as it is. A tree is one story: its name,
+// memory and note (`context`) and the settings form's values go with it.
 
 export const FORMAT = "llama-srb-tree";
-export const VERSION = 2;
+export const VERSION = 3;
 
-export function createTree() {
-  return { nodes: new Map(), current: null, nextId: 1, context: emptyContext() };
+// Every field of a node but its id: what is compared, merged and saved field by field.
+export const NODE_FIELDS = [
+  "parent", "via", "via_node", "text", "model_chars", "retry_of", "bookmarked", "choices",
+  "params", "context", "stats", "created",
+];
+
+export function createTree({ name = "", settings = {} } = {}) {
+  return { nodes: new Map(), current: null, nextId: 1, context: emptyContext(), name, settings };
+}
+
+/** A story's name when the writer gave none: the first words of its first text. */
+export function nameFrom(text) {
+  const words = text.split(/\s+/).filter(Boolean);
+  if (!words.length) return "";
+  return words.slice(0, 6).join(" ") + (words.length > 6 ? "…" : "");
 }
 
 /** Memory and author's note, placed into every prompt (prompt.js). */
@@ -16,11 +31,14 @@ export function emptyContext() {
   return { memory: "", note: "", depth: 3 };
 }
 
-export function addNode(tree, { parent = null, via = null, text, modelChars = 0, retryOf = null }) {
+export function addNode(
+  tree, { parent = null, via = null, viaNode = null, text, modelChars = 0, retryOf = null },
+) {
   const node = {
     id: tree.nextId++,
     parent,
     via,
+    via_node: viaNode,
     text,
     model_chars: modelChars,
     retry_of: retryOf,
@@ -174,30 +192,86 @@ export function merge(tree, other) {
     const copy = { ...node, id: node.id + offset };
     if (copy.parent !== null) copy.parent += offset;
     if (copy.retry_of !== null) copy.retry_of += offset;
+    if (copy.via_node != null) copy.via_node += offset;
     tree.nodes.set(copy.id, copy);
   }
   tree.nextId = Math.max(...tree.nodes.keys()) + 1;
   return other.current === null ? null : other.current + offset;
 }
 
-/** A copy to change freely (for undo): nodes and choices are copied, texts and the words
- * of finished continuations shared (they are never changed in place). */
+/** A copy to change freely: nodes and choices are copied, texts and the words of finished
+ * continuations shared (they are never changed in place). */
 export function clone(tree) {
   const copy = { ...tree, context: { ...tree.context }, nodes: new Map() };
-  for (const [id, node] of tree.nodes) {
-    copy.nodes.set(id, { ...node, choices: node.choices.map((c) => ({ ...c })) });
-  }
+  for (const [id, node] of tree.nodes) copy.nodes.set(id, cloneNode(node));
   return copy;
 }
 
+/** Makes `nextId` free: past every node, and at least `atLeast` (the server's next id). */
+export function bumpNextId(tree, atLeast = 0) {
+  tree.nextId = Math.max(freeId(tree), atLeast);
+}
+
+/** The first id past `nextId` and every node's. */
+export function freeId(tree) {
+  let next = Math.max(tree.nextId, 1);
+  for (const id of tree.nodes.keys()) if (id >= next) next = id + 1;
+  return next;
+}
+
+export function cloneNode(node) {
+  return { ...node, choices: node.choices.map((c) => ({ ...c })) };
+}
+
+/** Whether two JSON values are the same (objects by their keys, in any order). */
+export function equal(a, b) {
+  if (a === b) return true;
+  if (typeof a !== "object" || typeof b !== "object" || a === null || b === null) return false;
+  if (Array.isArray(a) !== Array.isArray(b)) return false;
+  if (Array.isArray(a)) return a.length === b.length && a.every((x, i) => equal(x, b[i]));
+  const keys = Object.keys(a).filter((k) => a[k] !== undefined);
+  const other = Object.keys(b).filter((k) => b[k] !== undefined);
+  return keys.length === other.length && keys.every((k) => equal(a[k], b[k]));
+}
+
+export function sameNode(a, b) {
+  return a.id === b.id && NODE_FIELDS.every((f) => equal(a[f], b[f]));
+}
+
+/** Gives nodes new ids (`moves`: old → new), and every reference to them. A node sitting on
+ * a new id that does not move itself moves first, to a free id; returns every move made. */
+export function renumber(tree, moves) {
+  const all = new Map(moves);
+  const targets = new Set(moves.values());
+  let free = Math.max(freeId(tree), ...[...targets].map((t) => t + 1));
+  for (const target of targets) {
+    if (tree.nodes.has(target) && !all.has(target)) all.set(target, free++);
+  }
+  const to = (id) => (all.has(id) ? all.get(id) : id);
+  const nodes = [...tree.nodes.values()];
+  for (const node of nodes) {
+    node.id = to(node.id);
+    if (node.parent !== null) node.parent = to(node.parent);
+    if (node.retry_of !== null) node.retry_of = to(node.retry_of);
+    if (node.via_node != null) node.via_node = to(node.via_node);
+  }
+  tree.nodes = new Map(nodes.map((n) => [n.id, n]));
+  if (tree.current !== null) tree.current = to(tree.current);
+  bumpNextId(tree, free);
+  return all;
+}
+
+/** The whole story as a file: its nodes, memory and note, settings and name. */
 export function toJSON(tree, model) {
   return {
     format: FORMAT,
     version: VERSION,
     model,
     exported: new Date().toISOString(),
+    name: tree.name,
     current: tree.current,
     context: tree.context,
+    settings: tree.settings,
     nodes: [...tree.nodes.values()],
   };
 }
@@ -209,6 +283,7 @@ export function fromJSON(data, { allowNoCurrent = false } = {}) {
   const tree = createTree();
   if (allowNoCurrent && Array.isArray(data.nodes) && data.nodes.length === 0) {
     tree.context = { ...emptyContext(), ...checkContext(data.context) };
+    readStory(tree, data);
     return tree;
   }
   if (!Array.isArray(data.nodes) || data.nodes.length === 0) throw new Error("no nodes");
@@ -224,11 +299,30 @@ export function fromJSON(data, { allowNoCurrent = false } = {}) {
   }
   tree.nextId = Math.max(...tree.nodes.keys()) + 1;
   tree.context = { ...emptyContext(), ...checkContext(data.context) };
+  readStory(tree, data);
+  for (const node of tree.nodes.values()) {
+    // Version 1 said nothing: the whole text a continuation added was the model's.
+    if (node.model_chars === Infinity) node.model_chars = addedText(tree, node).length;
+  }
   if (tree.nodes.has(data.current)) tree.current = data.current;
   else if (allowNoCurrent && data.current === null) tree.current = null;
   else tree.current = childrenOf(tree, null)[0]?.id ?? null;
   if (tree.current === null && !allowNoCurrent) throw new Error("the tree has no root");
   return tree;
+}
+
+/** The story's name and settings (version 3); older files have neither. */
+function readStory(tree, data) {
+  if (typeof data.name === "string") tree.name = data.name;
+  if (data.settings && typeof data.settings === "object" && !Array.isArray(data.settings)) {
+    tree.settings = { ...data.settings };
+  }
+  if (Number.isInteger(data.next_id)) tree.nextId = Math.max(tree.nextId, data.next_id);
+}
+
+/** A node as stored or sent, checked (throws an Error that says what is wrong). */
+export function readNode(raw) {
+  return checkNode(raw);
 }
 
 function checkNode(raw) {
@@ -241,6 +335,7 @@ function checkNode(raw) {
     id: raw.id,
     parent,
     via,
+    via_node: Number.isInteger(raw.via_node) ? raw.via_node : null,
     text: raw.text,
     // Version 1 did not say; an accepted continuation was the model's text.
     model_chars: Number.isInteger(raw.model_chars) ? raw.model_chars : via === null ? 0 : Infinity,

@@ -21,10 +21,14 @@ from tests.integration.ui_helpers import (
     expect_current,
     exported_tree,
     import_tree,
+    library_row,
     model_id,
+    new_story,
+    saved,
     screenshot,
     set_settings,
     start_story,
+    story_id,
     tree_node,
     wait_finished,
     wait_until,
@@ -83,14 +87,19 @@ def test_generate_pick_branch_and_export(
     check_exported_tree(tree, edited, first[0]["text"])
     assert download(page, "export-text") == PROMPT + first[0]["text"]
 
-    # Import it back with another current node, replacing the tree (the page asks first).
+    # Import it back with another current node, as a new story (the page asks first).
     tree["current"] = 2
+    first_id = story_id(page)
     import_tree(page, tree)
-    expect(page.get_by_role("dialog")).to_contain_text("It holds 3 node(s); your tree has 3.")
-    page.get_by_test_id("ask-replace").click()
+    expect(page.get_by_role("dialog")).to_contain_text("It holds 3 node(s); this story has 3.")
+    page.get_by_test_id("ask-new").click()
     expect_current(page, 2)
     expect(story).to_have_value(PROMPT + edited)
     expect(page.get_by_test_id("tree-node")).to_have_count(3)
+    copy_id = story_id(page)
+    page.get_by_test_id("to-library").click()
+    expect(library_row(page, first_id)).to_be_visible()
+    expect(library_row(page, copy_id)).to_be_visible()
 
 
 def check_exported_tree(tree: dict[str, Any], edited: str, first_text: str) -> None:
@@ -138,26 +147,29 @@ def test_stop_cancels_on_server_on_a_phone_screen(open_ui: Any, server: RunningS
 
 def test_api_key_is_asked_for_at_the_top_and_checked_as_typed(open_ui: Any, tmp_path: Path) -> None:
     with run_server(tmp_path, "--api-key", "sesame", "--n-ctx", "1024") as server:
-        page = open_ui(server.base_url, **PHONE)
+        page = open_ui(server.base_url, library=True, **PHONE)
         label = page.get_by_test_id("model-name")
         key = page.get_by_test_id("api-key")
         expect(label).to_have_text("API key needed")
         expect(label).to_have_class("error")
         expect(key).to_be_focused()
         expect(key).to_be_in_viewport()
-        expect(page.get_by_test_id("status")).to_contain_text("enter the server's API key")
+        expect(page.get_by_test_id("library-state")).to_contain_text("wants an API key")
 
-        # Checked while typing, without leaving the field.
+        # Checked while typing, without leaving the field; the library is read with it.
         key.press_sequentially("wrong")
         expect(label).to_have_text("wrong API key")
         key.fill("sesame")
         expect(label).to_have_text(model_id(server, "sesame"))
         expect(label).not_to_have_class("error")
+        expect(page.get_by_test_id("library-state")).to_be_hidden()
+        new_story(page)
         expect(page.get_by_test_id("status")).to_have_text("")
         set_settings(page, n=2, max_tokens=3)
         page.get_by_test_id("story").fill(PROMPT)
         page.get_by_test_id("generate").click()
         wait_finished(page, 2)
+        saved(page)
         page.evaluate("window.scrollTo(0, 0)")
         screenshot(page, "phone.png", tmp_path)
 

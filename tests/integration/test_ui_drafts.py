@@ -19,7 +19,10 @@ from tests.integration.ui_helpers import (
     expect_current,
     exported_tree,
     in_viewport,
+    library_row,
+    sent_prompts,
     start_story,
+    story_id,
     tree_node,
     wait_finished,
 )
@@ -47,13 +50,16 @@ def test_typing_is_kept_through_use_navigation_reload_and_new_story(
     expect(story).to_have_value(PROMPT + TYPED)
     expect(page.get_by_test_id("draft-state")).to_be_visible()
 
-    # "Use this": the card continues the node's text, and the typing is kept as its own node.
+    # "Use this" after typing at the end: the card followed the text before the typing, so
+    # the page asks; added anyway, it goes after the typing, which is a node of its own.
     cards(page).nth(0).get_by_test_id("use").click()
+    expect(page.get_by_role("dialog")).to_contain_text("Your edit changed the end of the story")
+    page.get_by_test_id("ask-append").click()
     expect(page.get_by_test_id("notice")).to_have_text(
         "Your edit of the story is kept in the tree as #2."
     )
     expect_current(page, 3)
-    expect(story).to_have_value(PROMPT + first[0]["text"])
+    expect(story).to_have_value(PROMPT + TYPED + first[0]["text"])
     wait_finished(page, 2)
     tree_node(page, 2).click()
     expect(story).to_have_value(PROMPT + TYPED)
@@ -67,19 +73,50 @@ def test_typing_is_kept_through_use_navigation_reload_and_new_story(
     expect(page.get_by_test_id("notice")).to_contain_text("#4")
     expect(story).to_have_value(PROMPT)
     tree_node(page, 4).click()
-    expect(story).to_have_value(PROMPT + first[0]["text"] + " The end.")
+    expect(story).to_have_value(PROMPT + TYPED + first[0]["text"] + " The end.")
     nodes = {n["id"]: n for n in exported_tree(page)["nodes"]}
-    assert (nodes[2]["parent"], nodes[3]["parent"], nodes[4]["parent"]) == (1, 1, 3)
+    assert (nodes[2]["parent"], nodes[3]["parent"], nodes[4]["parent"]) == (1, 2, 3)
     assert nodes[2]["text"] == PROMPT + TYPED
+    assert (nodes[3]["via"], nodes[3]["via_node"]) == (0, 1)  # card 1 of #1, after the edit
 
-    # A new story's draft survives a reload, and the old story stays in the tree.
+    # A new story is a story of its own in the library; its draft survives a reload.
+    first_id = story_id(page)
     page.get_by_test_id("new-story").click()
     expect(story).to_have_value("")
     story.fill("A new tale begins")
     page.reload()
     expect(story).to_have_value("A new tale begins")
-    expect(page.locator('[data-testid="tree-node"][aria-current="true"]')).to_have_count(0)
-    expect(page.get_by_test_id("tree-node")).to_have_count(4)
+    expect(page.get_by_test_id("tree-node")).to_have_count(0)
+    new_id = story_id(page)
+    page.get_by_test_id("to-library").click()
+    expect(library_row(page, first_id)).to_contain_text("The lighthouse keeper found")
+    expect(library_row(page, first_id)).to_contain_text("4 nodes")
+    expect(library_row(page, new_id)).to_be_visible()
+
+
+def test_a_cut_before_use_this_holds(open_ui: Any, server: RunningServer) -> None:
+    """Issue 30: a cut in the story box came back after "Use this". A cut well before the
+    end keeps the card's place: it is added at once, after the cut; a cut of the end (the
+    text the card followed) asks, and "Generate for my text" continues the cut story."""
+    page = open_ui(server.base_url)
+    story = page.get_by_test_id("story")
+    opening = "Bad weather, and worse news. "
+    first = start_story(page, opening + PROMPT, n=2, max_tokens=4, seed=3)
+    story.fill(PROMPT)  # the first sentence cut
+    cards(page).nth(1).get_by_test_id("use").click()
+    expect_current(page, 3)
+    expect(story).to_have_value(PROMPT + first[1]["text"])  # the cut stays cut
+    wait_finished(page, 2)
+    expect(tree_node(page, 2)).to_contain_text("cut “Bad weather, and worse news.”")
+
+    # Now cut the end: the cards followed it, so the page asks.
+    text = story.input_value()
+    story.fill(text[: -len(first[1]["text"])])
+    prompts = sent_prompts(page)
+    cards(page).nth(0).get_by_test_id("use").click()
+    page.get_by_test_id("ask-generate").click()
+    wait_finished(page, 2)
+    assert prompts == [PROMPT], prompts  # the cut story itself, continued
 
 
 def long_story(lines: int = 14) -> str:

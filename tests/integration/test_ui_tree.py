@@ -19,8 +19,10 @@ from tests.integration.ui_helpers import (
     expect_current,
     exported_tree,
     import_tree,
+    library_row,
     screenshot,
     set_settings,
+    story_id,
     tree_node,
     wait_finished,
 )
@@ -158,9 +160,9 @@ def test_read_side_by_side_bookmark_prune_delete_and_walk_with_keys(
     assert current_id(page) == 1
 
 
-def test_import_asks_before_replacing_the_tree(open_ui: Any, server: RunningServer) -> None:
+def test_import_asks_before_adding_to_the_story(open_ui: Any, server: RunningServer) -> None:
     page = open_ui(server.base_url)
-    import_tree(page, chain_tree(STEPS[:2]))  # an empty tree: nothing to ask about
+    import_tree(page, chain_tree(STEPS[:2]))  # an empty story: nothing to ask about
     expect(page.get_by_test_id("tree-node")).to_have_count(3)
 
     dialog = page.get_by_role("dialog")
@@ -170,15 +172,22 @@ def test_import_asks_before_replacing_the_tree(open_ui: Any, server: RunningServ
     expect(page.get_by_test_id("tree-node")).to_have_count(3)
     expect_current(page, 3)
 
-    # Added beside: both stories are in the tree, the imported one shown; Undo takes it back.
+    # Added beside: both are in the story, the imported one shown; Undo takes it back.
     import_tree(page, branching_tree(), name="other.json")
     page.get_by_test_id("ask-add").click()
     expect(page.get_by_test_id("tree-node")).to_have_count(9)
     expect_current(page, 4)
     expect(page.get_by_test_id("story")).to_have_value(PROMPT)
+    tree_node(page, 4).focus()  # outside the story box, whose Ctrl+Z is its own
     page.keyboard.press("Control+z")
     expect(page.get_by_test_id("tree-node")).to_have_count(3)
 
+    # As a new story: this one stays as it was, the library has both.
+    first_id = story_id(page)
     import_tree(page, branching_tree(), name="other.json")
-    page.get_by_test_id("ask-replace").click()
+    page.get_by_test_id("ask-new").click()
     expect(page.get_by_test_id("tree-node")).to_have_count(6)
+    expect(page.get_by_test_id("story-name")).to_have_value("other")
+    page.get_by_test_id("to-library").click()
+    expect(library_row(page, first_id)).to_contain_text("3 nodes")
+    expect(page.get_by_test_id("library-story").filter(has_text="other")).to_contain_text("6 nodes")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,12 +68,18 @@ def open_ui(browser: Any) -> Iterator[Callable[..., Any]]:
     contexts: list[Any] = []
     errors: list[str] = []
 
-    def open_page(url: str, width: int = 1280, height: int = 900) -> Any:
-        context = browser.new_context(
-            viewport={"width": width, "height": height}, accept_downloads=True
-        )
-        context.add_init_script(CSP_REPORTER)
-        contexts.append(context)
+    def open_page(
+        url: str, width: int = 1280, height: int = 900, library: bool = False, context: Any = None
+    ) -> Any:
+        """A page on the UI; it opens on the library, and (unless `library`) a new story
+        is started from there, as a writer starts one. `context`: open it in that browser
+        context (another tab of the same profile) instead of a fresh one."""
+        if context is None:
+            context = browser.new_context(
+                viewport={"width": width, "height": height}, accept_downloads=True
+            )
+            context.add_init_script(CSP_REPORTER)
+            contexts.append(context)
         page = context.new_page()
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.on(
@@ -85,12 +92,34 @@ def open_ui(browser: Any) -> Iterator[Callable[..., Any]]:
         )
         page.set_default_timeout(10_000)
         page.goto(url + "/")
+        if not library:
+            new_story(page)
         return page
 
     yield open_page
     for context in contexts:
         context.close()
     assert errors == [], f"errors in the page: {errors}"
+
+
+def new_story(page: Any) -> None:
+    """From the library: a new, empty story, open."""
+    page.get_by_test_id("library-new").click()
+    expect(page.get_by_test_id("story")).to_be_visible()
+
+
+def story_id(page: Any) -> str:
+    """The open story's id, from the page's address (#story=<id>)."""
+    return str(page.evaluate("new URLSearchParams(location.hash.slice(1)).get('story')"))
+
+
+def library_row(page: Any, sid: str) -> Any:
+    return page.locator(f'[data-testid="library-story"][data-story-id="{sid}"]')
+
+
+def saved(page: Any) -> None:
+    """Waits until the page says the story is saved on the server (its last change too)."""
+    expect(page.get_by_test_id("save-state")).to_have_text(re.compile(r"^Saved"))
 
 
 def model_id(server: RunningServer, api_key: str | None = None) -> str:

@@ -141,6 +141,33 @@ def test_abort_while_decoding_caches_the_branches_and_a_waiting_request_just_lea
     assert not engine.has_work and closed_once(running)
 
 
+def test_a_long_prompt_reports_each_chunk_read_and_its_cached_start() -> None:
+    """The outputs the API streams as llama.cpp's prompt_progress: after each chunk that
+    does not end the prompt, how many of its tokens are in the cache (cached ones too)."""
+    engine, _ = make_engine(n_batch=16)
+    prompt = story(60)
+    engine.add(make_request("first", prompt, n=2, max_tokens=2))
+    out = run(engine)
+    progress = [o for o in out.by_request["first"] if o.prompt_processed is not None]
+    read = [o.prompt_processed for o in progress]
+    assert read[:3] == [16, 32, 48] and read == sorted(set(read)) and read[-1] < 60
+    assert all(o.prompt_tokens == 60 and o.cached_tokens == 0 and not o.finished for o in progress)
+    said = out.by_request["first"]  # the admission, the progress, then the tokens
+    assert said[0].admitted and said[1 : 1 + len(progress)] == progress
+    assert said[1 + len(progress)].choices
+    assert out.tokens("first") == {i: expected(prompt, i, 2) for i in range(2)}
+
+    # The same story, longer: its start comes from the cache, the rest is read.
+    longer = [*prompt, *story(40)[1:]]
+    engine.add(make_request("again", longer, n=1, max_tokens=1))
+    out = run(engine)
+    progress = [o for o in out.by_request["again"] if o.prompt_processed is not None]
+    cached = progress[0].cached_tokens
+    assert cached >= 56 and all(o.cached_tokens == cached for o in progress)
+    read = [o.prompt_processed for o in progress]
+    assert read[0] == cached + 16 and read == sorted(set(read)) and read[-1] < len(longer)
+
+
 def test_a_decode_error_fails_the_requests_in_the_batch_and_the_engine_goes_on() -> None:
     engine, ctx = make_engine(n_batch=16, max_live=2)
     first = make_request("first", story(40), n=2, max_tokens=4)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.choices import Gathered, gather
 from llama_srb.api.render.logprobs import Piece, completion_logprobs, concat
+from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
 from llama_srb.api.schemas.completions import (
     Completion,
@@ -27,6 +28,7 @@ class CompletionAnswer(ChunkStream):
 
     prompts: Sequence[Prompt] = ()
     echo: bool = False
+    progress: PromptProgress | None = None  # return_progress: chunks with prompt_progress
     object_name = "text_completion"
     # per choice: where its next token's text starts in the choice's text (text_offset)
     _offsets: dict[int, int] = field(default_factory=dict, init=False)
@@ -42,6 +44,9 @@ class CompletionAnswer(ChunkStream):
                 echoed.add(position)  # once its prompt is scored: with its first tokens
                 yield self._each(self._echo(position, out))
             usage.add(position, out)
+            read = self.progress.of(position, out) if self.progress is not None else None
+            if read is not None:
+                yield self._progress(position, read)
             choices = [
                 self._choice(position, d)
                 for d in out.choices
@@ -52,6 +57,12 @@ class CompletionAnswer(ChunkStream):
         if self.include_usage and usage.latest:
             yield self._usage(usage)
         yield DONE
+
+    def _progress(self, position: int, read: dict[str, object]) -> str:
+        """llama.cpp's own shape: an empty choice (of the prompt's first branch) beside
+        `prompt_progress`, a field OpenAI's clients ignore."""
+        choice = {"index": choice_index(position, self.n, 0), "text": "", "logprobs": None}
+        return self._chunk([{**choice, "finish_reason": None}], prompt_progress=read)
 
     def _echo(self, position: int, out: RequestOutput) -> list[dict[str, object]]:
         prompt = self.prompts[position]

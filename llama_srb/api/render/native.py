@@ -18,6 +18,7 @@ from typing import Any
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.logprobs import Vocabulary
+from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.render.sse import error_event, event
 from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, FinishReason, RequestOutput
 from llama_srb.sampling.chain import DEFAULT_ORDER
@@ -51,6 +52,7 @@ class NativeCall:
     started: float = field(default_factory=time.perf_counter)
     results: dict[int, ChoiceSoFar] = field(default_factory=dict)
     cached: dict[int, int] = field(default_factory=dict)  # per prompt position
+    progress: PromptProgress | None = None  # return_progress: events with prompt_progress
 
     # -- reading the engine's outputs ---------------------------------------------------
 
@@ -82,6 +84,9 @@ class NativeCall:
             if out.error is not None:
                 yield error_event(out.error)
                 return
+            read = self.progress.of(position, out) if self.progress is not None else None
+            if read is not None:
+                yield event(self.progress_event(position, read))
             for result, delta in self._deltas(position, out):
                 if delta.text or delta.token_ids:
                     yield event(self.partial(result, delta))
@@ -106,6 +111,21 @@ class NativeCall:
         if self.options.n_probs > 0 and delta.logprobs:
             event["completion_probabilities"] = self.probabilities(delta.logprobs)
         return event
+
+    def progress_event(self, position: int, read: dict[str, Any]) -> dict[str, Any]:
+        """llama-server's partial result with `prompt_progress` and no token yet, for
+        the prompt's first result (its n results share one read)."""
+        index = choice_index(position, self.options.n, 0)
+        return {
+            "index": index,
+            "content": "",
+            "tokens": [],
+            "stop": False,
+            "id_slot": index,
+            "tokens_predicted": 0,
+            "tokens_evaluated": len(self.prompts[position].tokens),
+            "prompt_progress": read,
+        }
 
     def final(self, result: ChoiceSoFar) -> dict[str, Any]:
         prompt = self.prompts[self._position(result)]

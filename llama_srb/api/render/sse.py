@@ -78,9 +78,8 @@ class ChunkStream:
 
     object_name = ""
 
-    def _chunk(
-        self, choices: list[dict[str, object]], usage: dict[str, object] | None = None
-    ) -> str:
+    def _chunk(self, choices: list[dict[str, object]], **extra: object) -> str:
+        """One chunk; `extra`: its other fields (usage, prompt_progress)."""
         payload: dict[str, object] = {
             "id": self.request_id,
             "object": self.object_name,
@@ -88,9 +87,7 @@ class ChunkStream:
             "model": self.model,
             "choices": choices,
         }
-        if usage is not None:
-            payload["usage"] = usage
-        return event(payload)
+        return event({**payload, **extra})
 
     def _each(self, choices: list[dict[str, object]]) -> str:
         """One chunk per choice, as OpenAI and llama.cpp's server send them: clients such as
@@ -98,4 +95,4 @@ class ChunkStream:
         return "".join(self._chunk([choice]) for choice in choices)
 
     def _usage(self, usage: UsageTally) -> str:
-        return self._chunk([], usage.usage().model_dump())
+        return self._chunk([], usage=usage.usage().model_dump())

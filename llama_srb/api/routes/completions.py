@@ -13,6 +13,7 @@ from llama_srb.api.deps import State, parsed
 from llama_srb.api.input.params import build_all, request_params
 from llama_srb.api.input.prompts import count_prompts, parse_prompts
 from llama_srb.api.render.completions import CompletionAnswer
+from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.schemas.completions import Completion, CompletionRequest
 from llama_srb.api.workers import body_spec
@@ -48,6 +49,7 @@ async def completions(
             model.piece if body.logprobs is not None else None,
             prompts=prompts,
             echo=body.echo,
+            progress=PromptProgress() if body.return_progress else None,
         )
         return Prepared(submissions, answer)
 

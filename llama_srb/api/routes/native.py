@@ -16,6 +16,7 @@ from llama_srb.api.input.native import native_params, sampler_list
 from llama_srb.api.input.params import build_all
 from llama_srb.api.input.prompts import count_prompts, parse_prompts
 from llama_srb.api.render.native import NativeCall, NativeOptions, generation_settings
+from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.workers import body_spec
@@ -50,7 +51,10 @@ async def completion(
             stream=body.stream,
             samplers=tuple(sampler_list(body)),
         )
-        return Prepared(build_all(loaded, specs), NativeCall(options, params, prompts, model))
+        call = NativeCall(options, params, prompts, model)
+        if body.return_progress:
+            call.progress = PromptProgress()
+        return Prepared(build_all(loaded, specs), call)
 
     return await respond(state, http, body, count_prompts(body.prompt), prepare)
 

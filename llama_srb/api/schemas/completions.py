@@ -26,6 +26,12 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(
         None, description="log-probabilities of each token and of this many alternatives"
     )
+    return_progress: bool = Field(
+        False,
+        description="llama.cpp's: with stream, events with `prompt_progress` {total, cache,"
+        " processed, time_ms} while the prompt is read, the last one just before the first"
+        " tokens",
+    )
 
 
 class CompletionLogprobs(BaseModel):

@@ -37,3 +37,9 @@ class NativeCompletionRequest(SamplingFields):
     )
     cache_prompt: bool = Field(True, description="accepted; the prefix cache is always used")
     return_tokens: bool = Field(False, description="each result's token ids in `tokens`")
+    return_progress: bool = Field(
+        False,
+        description="llama.cpp's: with stream, events with `prompt_progress` {total, cache,"
+        " processed, time_ms} while the prompt is read, the last one just before the first"
+        " tokens",
+    )
