@@ -40,7 +40,10 @@ SCHEMA = {
 CLOSED_SCHEMA = {**SCHEMA, "additionalProperties": False}
 STRICT_SCHEMA = {
     "type": "object",
-    "properties": {"weather": {"enum": ["rain", "fog", "clear"]}, "ships": {"type": "integer", "minimum": 0, "maximum": 99}},
+    "properties": {
+        "weather": {"enum": ["rain", "fog", "clear"]},
+        "ships": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
     "required": ["weather", "ships"],
     "additionalProperties": False,
 }
