@@ -281,6 +281,14 @@ def _unusable(spec: ConstraintSpec, reason: str) -> str:
     return f"{_WHAT[spec.kind]}: {_short(reason)}"
 
 
+# llguidance's word for a place that no token extends and where the output is not complete
+# (a grammar whose rules never end, or a branch into a rule nothing matches).
+_DEAD_END = "NoExtensionBias"
+_DEAD_END_REASON = "no text can follow here and the output is not complete (a rule that never ends?)"
+
+
 def _short(message: str) -> str:
     message = message.replace("<non-verbose/>", "").strip()
+    if message.startswith(_DEAD_END):
+        message = _DEAD_END_REASON
     return message if len(message) <= _ERROR_CHARS else message[:_ERROR_CHARS] + "…"

@@ -184,6 +184,8 @@ def test_apply_mask_and_allowed_tokens_agree(model: Model, constraints: Constrai
         (ConstraintKind.GBNF, 'root ::= "a"{3000}', "repeats an item 3000 times"),
         (ConstraintKind.GBNF, "root ::= <[999999999]>", "not in the vocabulary"),
         (ConstraintKind.GBNF, "root ::= <not one token at all>", "invalid token"),
+        (ConstraintKind.GBNF, "root ::= root", "no text can follow here"),  # never ends
+        (ConstraintKind.LARK, 'start: x\nx: x "a"', "no text can follow here"),
         (ConstraintKind.JSON_SCHEMA, {"type": "?"}, "Invalid type"),
         (ConstraintKind.JSON_SCHEMA, {"type": "string", "format": "zzz"}, "Unknown format"),
         (ConstraintKind.JSON_SCHEMA, {"type": "array", "uniqueItems": True}, "uniqueItems"),
@@ -198,6 +200,14 @@ def test_bad_input_is_a_param_error_that_says_why(
     assert caught.value.param == "field"
     assert words in str(caught.value)
     assert len(str(caught.value)) < 500
+
+
+def test_a_dead_end_says_so(model: Model, constraints: Constraints) -> None:
+    """A branch into a rule that never ends: the matcher's error says why, in words."""
+    matcher = compile_(constraints, ConstraintKind.LARK, 'start: "a" x | "b"\nx: x "c"')
+    assert matcher.consume(tokens(model, "a")[0])
+    MaskBatch(model.n_vocab).fill([matcher])
+    assert matcher.error is not None and matcher.error.startswith("no text can follow here")
 
 
 def chain(rules: int) -> str:

@@ -1,5 +1,6 @@
-"""Crash hunting: hypothesis combines what once killed the process — grammars, JSON
-schemas, response formats, ignore_eos, min_tokens, logprobs, echo, n, every sampler
+"""Crash hunting: hypothesis combines what once killed the process — grammars (GBNF and
+Lark, in `grammar` and `guided_grammar`), regular expressions (`guided_regex`, `regex`),
+JSON schemas, response formats, ignore_eos, min_tokens, logprobs, echo, n, every sampler
 parameter at legal and edge values, prompt lists and token-id prompts — and after each
 request the answer must be a 2xx or a 4xx and the server alive and healthy.
 
@@ -29,6 +30,31 @@ GRAMMARS = [
     'root ::= "unterminated',
     "root ::= root",  # left recursion: a 400
     "",
+    '%llguidance {}\nstart: "a" | "b"',  # Lark in `grammar`, as llama.cpp takes it
+]
+# guided_grammar (vLLM): Lark when it has a `start:` rule, else GBNF (GRAMMARS too).
+LARKS = [
+    'start: "a" | "b"',
+    'start: /[a-z]+/ "."',
+    'start: x\nx: x "a" | "a"',  # left recursion: fine for an Earley parser
+    'start: %json {"type": "object"}',
+    "start: foo",  # an unknown rule: a 400
+    'start: "unterminated',
+    "start: <[999999999]>",  # a token id past the vocabulary: a 400
+]
+# guided_regex (vLLM) and regex (SGLang), in Rust's regex syntax.
+REGEXES = [
+    "[a-z]{1,5}",
+    "(yes|no)",
+    r"\d+\.",
+    "",
+    "(a|aa)*b",
+    "a{1000}",
+    "^((a{0,100}){0,100}){0,100}$",
+    "a(b",  # invalid: a 400 for each of these
+    "[z-a]",
+    r"\p{Nope}",
+    "(?<=a)b",  # look-behind: Rust's regex has none
 ]
 SCHEMAS: list[Any] = [
     {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
@@ -110,14 +136,35 @@ def completion_bodies(draw: st.DrawFn) -> dict[str, object]:
         "n": draw(edge(1, 2, 4, 0, 5)),
         "stream": draw(st.booleans()),
     }
-    constraint = draw(edge(None, "grammar", "json_schema", "response_format"))
+    constraint = draw(
+        edge(
+            None,
+            "grammar",
+            "json_schema",
+            "response_format",
+            "json_object",
+            "guided_grammar",
+            "guided_regex",
+            "regex",
+        )
+    )
     if constraint == "grammar":
         body["grammar"] = draw(st.sampled_from(GRAMMARS))
     elif constraint == "json_schema":
         body["json_schema"] = draw(st.sampled_from(SCHEMAS))
     elif constraint == "response_format":
         schema = draw(st.sampled_from(SCHEMAS))
-        body["response_format"] = {"type": "json_schema", "json_schema": {"schema": schema}}
+        strict = draw(edge(None, True, False))
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "f", "schema": schema, "strict": strict},
+        }
+    elif constraint == "json_object":
+        body["response_format"] = {"type": "json_object"}
+    elif constraint == "guided_grammar":
+        body["guided_grammar"] = draw(st.sampled_from(LARKS + GRAMMARS))
+    elif constraint in ("guided_regex", "regex"):
+        body[constraint] = draw(st.sampled_from(REGEXES))
     if draw(st.booleans()):
         body["logprobs"] = draw(edge(0, 1, 5, 20, 21))
         body["echo"] = draw(st.booleans())

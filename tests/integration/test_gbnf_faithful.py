@@ -17,12 +17,10 @@ grammars where a lexer that matched greedily would change the language.
 
 from __future__ import annotations
 
-import ctypes
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import llama_cpp as C
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -30,7 +28,6 @@ from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from llama_srb.bundled_model import bundled_model_path
 from llama_srb.native import Model
-from llama_srb.sampling.branch import TOKEN_DATA
 from llama_srb.sampling.constraint import (
     ConstraintKind,
     Constraints,
@@ -39,6 +36,7 @@ from llama_srb.sampling.constraint import (
     constraints_for,
 )
 from llama_srb.sampling.masks import MaskBatch, allowed_tokens
+from tests.integration.judges import LlamaGrammar
 
 GRAMMARS = Path(__file__).parent.parent / "data" / "llama_cpp_grammars"
 SCHEMAS = {
@@ -81,34 +79,6 @@ def model(bundled_model: str) -> Iterator[Model]:
 @pytest.fixture(scope="module")
 def constraints(model: Model) -> Constraints:
     return constraints_for(model)
-
-
-class LlamaGrammar:
-    """llama.cpp's own grammar sampler (what served grammars before llguidance), asked
-    about the whole vocabulary."""
-
-    def __init__(self, model: Model, text: str) -> None:
-        self.grammar = C.llama_sampler_init_grammar(model.vocab, text.encode(), b"root")
-        assert self.grammar, "llama.cpp's parser refused the grammar"
-        self.n_vocab = model.n_vocab
-
-    def allowed(self) -> npt.NDArray[np.intp]:
-        data = np.zeros(self.n_vocab, TOKEN_DATA)
-        data["id"] = np.arange(self.n_vocab)
-        array = C.llama_token_data_array(
-            data=data.ctypes.data_as(C.llama_token_data_p),
-            size=self.n_vocab,
-            selected=-1,
-            sorted=False,
-        )
-        C.llama_sampler_apply(self.grammar, ctypes.byref(array))
-        return np.flatnonzero(np.isfinite(data["logit"]))
-
-    def accept(self, token: int) -> None:
-        C.llama_sampler_accept(self.grammar, token)
-
-    def close(self) -> None:
-        C.llama_sampler_free(self.grammar)
 
 
 def walk(
