@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.raw_loop import RawLoop
 from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 PARAGRAPH = (
     "The lighthouse stood at the edge of the world, and every night its keeper climbed the "

@@ -43,7 +43,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.bundled_model import DEFAULT
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 SENTENCES = [
     "The lighthouse keeper counted the steps as he climbed, one hundred and twelve of them.",

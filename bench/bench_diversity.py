@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from llama_srb.bundled_model import DEFAULT, bundled_model_path
 from llama_srb.native import Model
 from llama_srb.sampling.text import TextStream
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 OPENINGS = [
     "The old lighthouse keeper climbed the stairs one last time. At the top, he",

@@ -35,7 +35,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama_srb.testing import run_server
+from tests.support.server import run_server
 
 WORDS = [
     "harbor",

@@ -24,7 +24,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 PROMPT = "The lighthouse keeper found a letter on the rocks. It said:"
 

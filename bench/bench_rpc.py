@@ -22,8 +22,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama_srb.testing import RunningServer, run_server
-from llama_srb.testing_cluster import RPC_SERVER, run_rpc_worker
+from tests.support.cluster import RPC_SERVER, run_rpc_worker
+from tests.support.server import RunningServer, run_server
 
 ARGS = ("--n-ctx", "4096", "--max-n", "8", "--max-sequences", "8")
 WORDS = [

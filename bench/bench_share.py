@@ -39,7 +39,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.bundled_model import bundled_model_path
-from llama_srb.testing import free_port, run_server
+from tests.support.server import free_port, run_server
 
 LLAMA_SERVER = Path.home() / ".cache/llama-srb/llama-tools-0.3.36/bin/llama-server"
 HEAVY_PROMPT = "The lighthouse keeper climbed the stairs. At the top,"

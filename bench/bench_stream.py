@@ -41,7 +41,7 @@ from llama_srb.api.render.native import NativeCall, NativeOptions
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput, RequestTimes
 from llama_srb.engine.request import FinishReason
 from llama_srb.sampling.params import SamplingParams
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 PARAGRAPH = (
     "The lighthouse stood at the edge of the world, and every night its keeper climbed the "

@@ -7,7 +7,7 @@
 --server-args may be given several times: each setting gets the same requests in turn, in
 one run, and a table compares them at the end.
 
-Starts the server itself on loopback (llama_srb.testing.run_server; with --replicas N,
+Starts the server itself on loopback (tests.support.server.run_server; with --replicas N,
 N servers behind deploy/nginx.conf), sends --requests requests from --concurrency workers
 as 16 writers (streaming and not, n from 1 to 8, a fraction cancelled midway) and prints
 throughput, p50/p95 time to first token and total latency, and the outcome of every
@@ -39,8 +39,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama_srb.testing import RunningServer, run_server
-from llama_srb.testing_cluster import run_balancer
+from tests.support.cluster import run_balancer
+from tests.support.server import RunningServer, run_server
 
 PROMPTS = (
     "The lighthouse keeper found a letter on the rocks. It said:",

@@ -24,7 +24,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.sampling.grammar import MAX_GRAMMAR_CHARS
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 
 def heavy_requests(server: RunningServer) -> dict[str, Callable[[], int]]:

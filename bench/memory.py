@@ -4,7 +4,7 @@ branches, and once it has been idle a moment.
     .venv/bin/python bench/memory.py [--n 64] [--max-tokens 64] [--repeat 3]
                                      [--server-args "..."]
 
-Starts the server itself (llama_srb.testing.run_server), warms it with a one-token
+Starts the server itself (tests.support.server.run_server), warms it with a one-token
 request, then sends --repeat requests of n=--n x --max-tokens (ignore_eos), one after
 another, sampling /proc/<pid>/status every 0.2 s. To compare with another checkout, run
 this script with PYTHONPATH pointing at it: the server is started from the same Python
@@ -26,7 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.soak import rss_mib
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 IDLE_S = 3.0
 

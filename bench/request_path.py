@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import llama_srb
 from llama_srb.api.app import create_app
 from llama_srb.config import Settings
-from llama_srb.testing import free_port
+from tests.support.server import free_port
 
 PACKAGE = Path(llama_srb.__file__).resolve().parent
 

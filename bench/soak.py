@@ -4,7 +4,7 @@ bounded, and the server must be idle at the end.
     .venv/bin/python bench/soak.py [--duration 600] [--max-tokens 48] [--cancel 0.15]
                                    [--heavy-n 32] [--seed 0] [--server-args "..."]
 
-Starts the server itself (llama_srb.testing.run_server). Writer 0 is heavy: requests of
+Starts the server itself (tests.support.server.run_server). Writer 0 is heavy: requests of
 --heavy-n branches. The 15 others send what bench/load.py sends (streaming or not, n 1-8,
 a fraction cancelled midway, 429s retried after Retry-After), one request after another,
 each with its own X-Session-Id, so that fair share tells them apart. The server's RSS is
@@ -32,7 +32,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.load import PROMPTS, Client, Plan, Result, _percentiles, idle_gauges
-from llama_srb.testing import run_server
+from tests.support.server import run_server
 
 WRITERS = 16
 DEFAULT_SERVER_ARGS = "--n-ctx 16384 --max-queue 64"

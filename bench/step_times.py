@@ -29,7 +29,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_fairness import WORDS
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 DEFAULT_SERVER_ARGS = "--n-ctx 32768"
 SCHEMA = {

@@ -315,6 +315,10 @@ class Model:
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
         return buf.raw[:n]
 
+    def special_text(self, token: int) -> str:
+        """A special token's spelling (`<bos>`); "" for -1, a token the model lacks."""
+        return self.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""
+
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Text of a token list, special tokens spelled out (the inverse of `tokenize`).
         The ids must be valid (`vocab_error`): llama.cpp aborts the process otherwise."""

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 
 def complete(server: RunningServer, **body: object) -> dict:

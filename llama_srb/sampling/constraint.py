@@ -284,7 +284,9 @@ def _unusable(spec: ConstraintSpec, reason: str) -> str:
 # llguidance's word for a place that no token extends and where the output is not complete
 # (a grammar whose rules never end, or a branch into a rule nothing matches).
 _DEAD_END = "NoExtensionBias"
-_DEAD_END_REASON = "no text can follow here and the output is not complete (a rule that never ends?)"
+_DEAD_END_REASON = (
+    "no text can follow here and the output is not complete (a rule that never ends?)"
+)
 
 
 def _short(message: str) -> str:

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import FACTS, MODELS, ModelFacts
 
 # The browser for the UI tests (test_ui_*.py), launched once per session.
 from tests.integration.ui_helpers import browser, open_ui  # noqa: F401
+from tests.support.server import RunningServer, run_server
 
 # Gemma 3's template as a file: the unit tests compare the bundled copy with it.
 CHAT_TEMPLATE = Path(__file__).parents[1] / "data" / "gemma3_chat_template.jinja"

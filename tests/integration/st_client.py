@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 TIMEOUT = 180
 

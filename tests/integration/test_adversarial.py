@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from llama_srb.sampling.grammar import MAX_GRAMMAR_CHARS, MAX_GRAMMAR_DEPTH
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import ModelFacts
+from tests.support.server import RunningServer, run_server
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 GRAMMAR_A = 'root ::= "a"'

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import ModelFacts
+from tests.support.server import RunningServer
 
 
 def post(server: RunningServer, path: str, body: dict) -> httpx.Response:

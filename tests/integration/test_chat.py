@@ -6,9 +6,9 @@ import httpx
 import openai
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import GEMMA, ModelFacts
 from tests.integration.conftest import CHAT_TEMPLATE
+from tests.support.server import RunningServer
 
 HELLO = [{"role": "user", "content": "Write one short sentence about the sea."}]
 

@@ -31,7 +31,6 @@ import openai
 import pytest
 
 from llama_srb.api.input.chat import packaged
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA, ModelFacts
 from tests.integration.st_client import (
     TIMEOUT,
@@ -42,6 +41,7 @@ from tests.integration.st_client import (
     st_textgen_stream,
     st_textgen_whole,
 )
+from tests.support.server import RunningServer, run_server
 
 SERVED = "<the served model id>"  # in a parametrized body: replaced by the server's model id
 STORY = (

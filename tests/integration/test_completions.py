@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.helpers import complete
+from tests.support.server import RunningServer
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 

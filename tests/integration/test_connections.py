@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA
 from tests.integration.test_hardening import LONG, Stream, wait_for
+from tests.support.server import RunningServer, run_server
 
 pytestmark = pytest.mark.models(GEMMA)
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 SCHEMA = {
     "type": "object",

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.test_constraint import chain
+from tests.support.server import RunningServer
 
 N = 64  # the server's --max-n (its default)
 # fields, the letter biased, what a complete text is, and max_tokens: enough for the

@@ -23,8 +23,8 @@ import pytest
 
 from llama_srb.bundled_model import bundled_model_path
 from llama_srb.native import Model
-from llama_srb.testing import RunningServer
 from tests.integration.judges import gbnf_verdict, lark_verdict, regex_verdict, schema_verdict
+from tests.support.server import RunningServer
 
 # Bounded: every output ends within max_tokens, so every choice must end and be complete.
 SCHEMA = {

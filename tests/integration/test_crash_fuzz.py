@@ -16,7 +16,7 @@ import httpx
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 EXAMPLES = 80
 

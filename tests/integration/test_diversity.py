@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 

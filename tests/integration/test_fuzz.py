@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 MAX_TOKENS = 8  # keeps every generated request to a fraction of a second
 EXAMPLES = {GenerationMode.POSITIVE: 30, GenerationMode.NEGATIVE: 20}  # per POST route

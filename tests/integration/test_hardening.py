@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 LONG = {"prompt": STORY, "max_tokens": 1500, "ignore_eos": True}  # runs for many seconds

@@ -27,8 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import GEMMA
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.models(GEMMA)
 TIMEOUT = 180

@@ -10,8 +10,8 @@ import httpx
 import openai
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.helpers import complete
+from tests.support.server import RunningServer
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 

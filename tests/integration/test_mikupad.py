@@ -22,9 +22,9 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import CHROMIUM
+from tests.support.server import RunningServer, run_server
 
 pytestmark = pytest.mark.models(GEMMA)
 PROMPT = "The lighthouse keeper climbed the stairs one last time. At the top he found"

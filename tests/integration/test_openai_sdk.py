@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
 from tests.helpers import complete
 from tests.integration.bundled import GEMMA, ModelFacts
+from tests.support.server import RunningServer, run_server
 
 CHAPTER = (
     " Chapter one. The rain had not stopped for three days when Ilse found the letter under "

@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.helpers import complete
+from tests.support.server import RunningServer
 
 A = "The lighthouse keeper opened the door and"
 B = "Far out at sea, the fishing boat"

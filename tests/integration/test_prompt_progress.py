@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import openai
 
-from llama_srb.testing import RunningServer
 from tests.helpers import stream
+from tests.support.server import RunningServer
 
 SENTENCE = "The tide came in over the black rocks below the lighthouse, slow and cold. "
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
-from llama_srb.testing_cluster import RPC_SERVER, run_rpc_worker
+from tests.support.cluster import RPC_SERVER, run_rpc_worker
+from tests.support.server import RunningServer, run_server
 
 pytestmark = pytest.mark.skipif(
     not Path(RPC_SERVER).is_file(), reason="run through `make test`, which builds rpc-server"

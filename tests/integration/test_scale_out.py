@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
-from llama_srb.testing_cluster import NGINX, RunningBalancer, run_balancer
 from tests.integration.bundled import GEMMA
+from tests.support.cluster import NGINX, RunningBalancer, run_balancer
+from tests.support.server import RunningServer, run_server
 
 # The default model only: what is tested here is nginx's routing of HTTP and SSE, the
 # session affinity and the failover, none of which depends on the model behind it.

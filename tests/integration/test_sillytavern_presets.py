@@ -33,9 +33,9 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import GEMMA
 from tests.integration.st_client import TIMEOUT, st_textgen_stream, st_textgen_whole
+from tests.support.server import RunningServer
 
 VERSION = "1.19.0"
 PACKAGE = Path(

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
+from tests.support.server import RunningServer, run_server
 
 KEY = "sesame"
 AUTH = {"Authorization": f"Bearer {KEY}"}

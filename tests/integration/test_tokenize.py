@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import ModelFacts
+from tests.support.server import RunningServer
 
 
 def text_with_a_special_token(facts: ModelFacts) -> str:

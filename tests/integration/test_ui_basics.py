@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PHONE,
@@ -34,6 +33,7 @@ from tests.integration.ui_helpers import (
     wait_until,
     with_ignore_eos,
 )
+from tests.support.server import RunningServer, run_server
 
 # The page, not the model, is under test here: it runs on the default model, the base
 # model for continuing stories the page is made for; both models' answers to the same

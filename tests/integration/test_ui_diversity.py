@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import PROMPT, card_text, expect, set_settings, wait_finished
+from tests.support.server import RunningServer
 
 # The page, not the model, is under test (the features' effect on text is tested through
 # the API in test_diversity.py).

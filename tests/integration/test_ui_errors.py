@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PROMPT,
@@ -21,6 +20,7 @@ from tests.integration.ui_helpers import (
     start_story,
     wait_finished,
 )
+from tests.support.server import RunningServer
 
 # The page, not the model, is under test here: it runs on the default model, the base
 # model for continuing stories the page is made for; both models' answers to the same

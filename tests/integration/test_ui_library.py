@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, free_port, run_server
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PROMPT,
@@ -38,6 +37,7 @@ from tests.integration.ui_helpers import (
     tree_node,
     wait_finished,
 )
+from tests.support.server import RunningServer, free_port, run_server
 
 # The page, not the model, is under test here: the default model (a base model, for
 # continuing stories).

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from llama_srb.testing import RunningServer
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import expect
+from tests.support.server import RunningServer
 
 pytestmark = pytest.mark.models(GEMMA)
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer, run_server
 from tests.integration.bundled import GEMMA
 from tests.integration.test_hardening import wait_for
+from tests.support.server import RunningServer, run_server
 
 pytestmark = pytest.mark.models(GEMMA)
 

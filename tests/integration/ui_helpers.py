@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from llama_srb.testing import RunningServer
+from tests.support.server import RunningServer
 
 try:
     from playwright.sync_api import expect, sync_playwright

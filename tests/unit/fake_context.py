@@ -46,6 +46,21 @@ class FakeModel:
     def tokens(text: str) -> list[int]:
         return [ord(c) - ord("a") + 2 for c in text]
 
+    # -- what the routes read of a model (api/input/prompts.py) ------------------------
+
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        letters = [c for c in text.lower() if "a" <= c <= chr(ord("a") + len(LETTERS) - 1)]
+        return [BOS] * add_special + self.tokens("".join(letters))
+
+    def text(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode()
+
+    def vocab_error(self, tokens: Sequence[int]) -> str | None:
+        bad = next((t for t in tokens if not 0 <= t < N_VOCAB), None)
+        return None if bad is None else f"token id {bad} is not in the vocabulary"
+
 
 def ranking(history: Sequence[int]) -> list[int]:
     """The table the fake's logits come from: every letter, most likely first, as a

@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from llama_srb.testing_cluster import CONFIG, balancer_config
+from tests.support.cluster import CONFIG, balancer_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 

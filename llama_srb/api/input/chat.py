@@ -82,7 +82,7 @@ def choose(path: Path | None, model: Model) -> tuple[str, str, tuple[str, ...]]:
 
 def serve_template(path: Path | None, model: Model) -> ServedTemplate:
     source, origin, stops = choose(path, model)
-    bos, eos = _special(model, model.bos), _special(model, model.eos)
+    bos, eos = model.special_text(model.bos), model.special_text(model.eos)
     try:
         compiled = ChatTemplate(source, bos, eos)
     except ChatTemplateError as exc:
@@ -90,11 +90,6 @@ def serve_template(path: Path | None, model: Model) -> ServedTemplate:
         return ServedTemplate(source, origin, stops, error=str(exc))
     log.info("chat template: %s", origin)
     return ServedTemplate(source, origin, stops, compiled)
-
-
-def _special(model: Model, token: int) -> str:
-    # -1: the model has no such token
-    return model.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""
 
 
 # -- rendering, in a sandbox ---------------------------------------------------------------

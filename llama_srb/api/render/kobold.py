@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.render.logprobs import Vocabulary
+from llama_srb.api.render.logprobs import TokenText
 from llama_srb.api.render.native import stop_info
 from llama_srb.api.render.sse import error_event, named_event
 from llama_srb.engine.outputs import ChoiceSoFar, FinishReason, RequestOutput
@@ -35,7 +35,7 @@ class KoboldCall:
     stops: Sequence[str]
     trim_stop: bool
     logprobs: bool
-    vocab: Vocabulary
+    vocab: TokenText
     results: list[ChoiceSoFar] = field(init=False)
     prompt_tokens: int = 0
 

@@ -13,7 +13,7 @@ from llama_srb.sampling.logprobs import TokenLogprob
 Piece = Callable[[int], bytes]
 
 
-class Vocabulary(Protocol):
+class TokenText(Protocol):
     """What rendering needs of the model: a token's bytes, and tokens' text (native.Model)."""
 
     def piece(self, token: int) -> bytes: ...

@@ -17,7 +17,7 @@ from typing import Any
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
-from llama_srb.api.render.logprobs import Vocabulary
+from llama_srb.api.render.logprobs import TokenText
 from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.render.sse import error_event, event
 from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, FinishReason, RequestOutput
@@ -48,7 +48,7 @@ class NativeCall:
     options: NativeOptions
     params: SamplingParams
     prompts: Sequence[Prompt]
-    vocab: Vocabulary
+    vocab: TokenText
     started: float = field(default_factory=time.perf_counter)
     results: dict[int, ChoiceSoFar] = field(default_factory=dict)
     cached: dict[int, int] = field(default_factory=dict)  # per prompt position

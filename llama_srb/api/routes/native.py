@@ -22,7 +22,6 @@ from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.workers import body_spec
 from llama_srb.engine.spec import RequestSpec
 from llama_srb.loader import LoadedEngine
-from llama_srb.native import Model
 from llama_srb.sampling.params import SamplingParams
 
 router = APIRouter()
@@ -98,13 +97,9 @@ async def props(state: State) -> JSONResponse:
             "model_path": str(settings.resolved_model_path()),
             "chat_template": served.source,
             "chat_template_source": served.origin,  # ours: where it came from
-            "bos_token": _special(model, model.bos),
-            "eos_token": _special(model, model.eos),
+            "bos_token": model.special_text(model.bos),
+            "eos_token": model.special_text(model.eos),
             "modalities": {"vision": False, "audio": False},
             "build_info": "llama-srb",
         }
     )
-
-
-def _special(model: Model, token: int) -> str:
-    return model.special_piece(token).decode("utf-8", errors="replace") if token >= 0 else ""

@@ -1,12 +1,10 @@
-"""Run the real server (the CLI, in a subprocess) on a free local port: for tests and benchmarks."""
+"""The real server (the CLI, in a subprocess) on a free local port: for tests and benchmarks."""
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,11 +13,7 @@ from pathlib import Path
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.processes import free_port, running
 
 
 @dataclass
@@ -66,28 +60,13 @@ def run_server(
     log_path = tmp_dir / f"server-{port}.log"
     data = [] if "--data-dir" in args else ["--data-dir", str(tmp_dir / "data")]
     cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *data, *args]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
-    server = RunningServer(f"http://127.0.0.1:{port}", process, log_path)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{server.log()}")
-            try:
-                if httpx.get(f"{server.base_url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not ready in time:\n{server.log()}")
-            time.sleep(0.2)
-        yield server
-    finally:
-        process.terminate()
+    base_url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    with running(cmd, log_path, ready, timeout=120, env={**os.environ, **(env or {})}) as process:
+        yield RunningServer(base_url, process, log_path)

@@ -8,7 +8,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,9 +15,9 @@ from pathlib import Path
 
 import httpx
 
-from llama_srb.testing import free_port
+from tests.support.processes import free_port, running
 
-CONFIG = Path(__file__).resolve().parent.parent / "deploy" / "nginx.conf"
+CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
@@ -54,30 +53,19 @@ def run_balancer(tmp_dir: Path, replicas: Sequence[str]) -> Iterator[RunningBala
     prefix.mkdir(parents=True)
     config = prefix / "nginx.conf"
     config.write_text(balancer_config(port, replicas))
-    log_path = prefix / "nginx.log"
-    with log_path.open("wb") as log:
-        cmd = [NGINX, "-c", str(config), "-p", f"{prefix}/", "-g", "daemon off;"]
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    balancer = RunningBalancer(f"http://127.0.0.1:{port}", process, log_path)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"nginx exited early:\n{log_path.read_text()}")
-            try:
-                httpx.get(f"{balancer.base_url}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        yield balancer
-    finally:
-        process.terminate()
+    base_url = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            httpx.get(f"{base_url}/health", timeout=2)  # any answer: nginx is listening
+            return True
+        except httpx.TransportError:
+            return False
+
+    cmd = [NGINX, "-c", str(config), "-p", f"{prefix}/", "-g", "daemon off;"]
+    log_path = prefix / "nginx.log"
+    with running(cmd, log_path, ready, timeout=30, stop_timeout=10) as process:
+        yield RunningBalancer(base_url, process, log_path)
 
 
 # Built by `make test` / `make rpc-worker` and passed in by the Makefile.
@@ -88,23 +76,11 @@ RPC_SERVER = os.environ.get("LLAMA_SRB_RPC_SERVER", "")
 def run_rpc_worker(tmp_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """llama.cpp's rpc-server on a free port: its host:port and its process."""
     port = free_port()
-    with (tmp_dir / f"rpc-{port}.log").open("wb") as log:
-        process = subprocess.Popen(
-            [RPC_SERVER, "--host", "127.0.0.1", "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"rpc-server did not start on port {port}") from None
-                time.sleep(0.1)
+
+    def ready() -> bool:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+
+    cmd = [RPC_SERVER, "--host", "127.0.0.1", "--port", str(port)]
+    with running(cmd, tmp_dir / f"rpc-{port}.log", ready, timeout=30, stop_timeout=10) as process:
         yield f"127.0.0.1:{port}", process
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
