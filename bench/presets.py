@@ -61,6 +61,35 @@ def llamacpp_body(preset: dict[str, Any]) -> Body:
     return body
 
 
+REQUEST_JS = Path(__file__).parents[1] / "tests/integration/sillytavern/request.mjs"
+
+
+def sillytavern_request(prompt: str, n: int, max_tokens: int, stop: list[str]) -> Body:
+    """The whole /completion body SillyTavern's llama.cpp type sends on its default settings
+    with "Multiple swipes per generation" at `n`: built by its own getTextGenGenerationData,
+    run in node (tests/integration/sillytavern/request.mjs says how)."""
+    case = {
+        "type": "llamacpp",
+        "preset": None,
+        "n": n,
+        "maxTokens": max_tokens,
+        "stop": stop,
+        "prompt": prompt,
+        "serverUrl": "http://127.0.0.1/v1",  # the body names it; nothing is sent there
+        "model": "",
+    }
+    out = subprocess.run(
+        ["node", str(REQUEST_JS), str(sillytavern_package())],
+        input=json.dumps([case]),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    body: Body = json.loads(out.stdout)["bodies"][0]
+    return body
+
+
 def sillytavern_presets(package: Path) -> dict[str, Body]:
     """`st-default` (its default settings) and one body per shipped text-completion preset."""
     presets: dict[str, Body] = {}
