@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_vs_llama.py [--ns 1,8,32,64] [--prompt-tokens 512]
                                              [--new-tokens 64] [--st-n 8] [--repeat 1]
                                              [--model gemma-3-270m] [--llama-tools DIR]
-                                             [--server-args "..."]
+                                             [--server-args "..."] [--before DIR]
 
 Servers, one at a time, each sent the same bodies:
   - llama-srb on its default settings (tests.support.server.run_server);
@@ -11,6 +11,8 @@ Servers, one at a time, each sent the same bodies:
     --swa-full (bench/llama_tools.py);
   - the same with backend sampling (-bs): the leading samplers of each chain that llama.cpp
     can run inside llama_decode's graph (a disabled one counts as such) run there.
+  - with --before DIR: our server as an older checkout of llama-srb (a git worktree) has it,
+    first, so that before and after meet the same machine in one sitting.
 Bodies:
   - n = each of --ns: /v1/completions {prompt, n, max_tokens, ignore_eos, seed}. Both servers
     carry the n completions in one request (llama-server's `n` is its n_cmpl: child slots
@@ -110,14 +112,29 @@ def send(http: httpx.Client, base: str, case: Case, body: Body, ours: RunningSer
 
 def run_cases(base: str, cases: list[Case], ours: RunningServer | None = None) -> list[Cell]:
     """Each case's best of its bodies, after a warm-up request."""
+    return [cell for cell in tried_cases(base, cases, ours, refusals=False) if cell is not None]
+
+
+def tried_cases(
+    base: str, cases: list[Case], ours: RunningServer | None, refusals: bool
+) -> list[Cell | None]:
+    """run_cases; with `refusals`, a case the server answers with a 4xx is None (an older
+    llama-srb refused SillyTavern's sampler names)."""
     with httpx.Client(timeout=TIMEOUT) as http:
         warm = {"prompt": fresh("Once upon a time"), "max_tokens": 8, "ignore_eos": True}
         http.post(f"{base}/v1/completions", json=warm).raise_for_status()
-        cells = []
+        cells: list[Cell | None] = []
         for case in cases:
-            tries = [send(http, base, case, body, ours) for body in case.bodies]
+            try:
+                tries = [send(http, base, case, body, ours) for body in case.bodies]
+            except httpx.HTTPStatusError as exc:
+                if not (refusals and exc.response.is_client_error):
+                    raise
+                cells.append(None)
+                print(f"  {case.name}: refused, {exc.response.text[:200]}", file=sys.stderr)
+                continue
             cells.append(min(tries, key=lambda cell: cell.seconds))
-            print(f"  {case.name}: {cells[-1].seconds:.2f} s", file=sys.stderr, flush=True)
+            print(f"  {case.name}: {tries[0].seconds:.2f} s", file=sys.stderr, flush=True)
     return cells
 
 
@@ -174,6 +191,7 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
     parser.add_argument("--llama-tools", type=Path, default=TOOLS, help="llama.cpp's bin/")
     parser.add_argument("--server-args", default="", help="ours beyond its defaults")
+    parser.add_argument("--before", type=Path, help="an older llama-srb checkout, run too")
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     started_load = load()
@@ -186,10 +204,14 @@ def main() -> None:
     cases = completion_cases(prompt, ns, args.new_tokens, args.repeat)
     cases += sillytavern_cases(prompt, args.st_n, args.new_tokens, args.repeat)
 
+    server_args = ("--model", args.model, *shlex.split(args.server_args))  # else defaults
     with tempfile.TemporaryDirectory() as tmp:
-        with run_server(
-            Path(tmp), "--model", args.model, *shlex.split(args.server_args)
-        ) as server:  # default settings
+        before: list[Cell | None] = []
+        if args.before is not None:  # its package first on the path: its code runs
+            env = {"PYTHONPATH": str(args.before.resolve())}
+            with run_server(Path(tmp), *server_args, env=env) as server:
+                before = tried_cases(server.base_url, cases, server, refusals=True)
+        with run_server(Path(tmp), *server_args) as server:
             ours = run_cases(server.base_url, cases, server)
             shape = Shape(n_ctx=int(server.metric("llama_srb_kv_cells_total")))
         slots = max(*ns, args.st_n)
@@ -217,6 +239,17 @@ def main() -> None:
             f"| {case.name} | {speeds} | {row[0].tok_s / row[1].tok_s:.2f}"
             f" | {host:.1f} | {branch:.2f} | {outside:.1f} |"
         )
+    if before:
+        print("\nBefore (--before) and after, our server alone; wall − llama_decode per step:\n")
+        print("| body | before tok/s | after tok/s | before ms per branch | after ms per branch |")
+        print("|---|---:|---:|---:|---:|")
+        for case, old, new in zip(cases, before, ours, strict=True):
+            then = (
+                f"{old.tok_s:.0f} | {new.tok_s:.0f} | {old.host_ms(case.n)[2] / case.n:.2f}"
+                if old is not None
+                else f"refused | {new.tok_s:.0f} | –"
+            )
+            print(f"| {case.name} | {then} | {new.host_ms(case.n)[2] / case.n:.2f} |")
     shipped, topk40 = cases[-2:], ours[-2:]
     print(
         f"\nSillyTavern's body / the same with top_k 40 (ours, wall): "

@@ -122,7 +122,7 @@ class EngineClock:
         return cls(
             metrics["llama_srb_decode_steps_total"],
             metrics["llama_srb_decode_seconds_total"],
-            metrics["llama_srb_host_step_seconds_sum"],
+            metrics.get("llama_srb_host_step_seconds_sum", float("nan")),  # not before 24
         )
 
     def __sub__(self, earlier: EngineClock) -> EngineClock:
