@@ -22,6 +22,7 @@ from llama_srb.native import Model, native_thread
 from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, constraints_for
 from llama_srb.sampling.masks import MaskBatch, allowed_tokens, apply_mask
 from llama_srb.sampling.params import ParamError
+from tests.support.pathological import chain
 
 SCHEMA = {
     "type": "object",
@@ -33,11 +34,6 @@ KINDS: dict[str, tuple[ConstraintKind, str | dict[str, Any]]] = {
     "regex": (ConstraintKind.REGEX, r"[A-Z][a-z]+( [a-z]+){2,12}\."),
     "GBNF": (ConstraintKind.GBNF, 'root ::= "- " [a-zA-Z ,]+ "\\n" ("- " [a-zA-Z ,]+ "\\n")*'),
 }
-
-
-def chain(rules: int) -> str:
-    body = "".join(f'r{i} ::= "w{i}" | r{i + 1}\n' for i in range(rules))
-    return f'root ::= r0\n{body}r{rules} ::= "end"\n'
 
 
 PATHOLOGICAL = {

@@ -18,24 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.test_constraint import chain
+from tests.support.pathological import PATHOLOGICAL, N
 from tests.support.server import RunningServer
-
-N = 64  # the server's --max-n (its default)
-# fields, the letter biased, what a complete text is, and max_tokens: enough for the
-# pattern's branches to reach llguidance's limit (~30 a's), few for the rest (a step of 64
-# branches is ~0.5 s of decoding on 2 cores with Gemma 3, grammar or not).
-PATHOLOGICAL: dict[str, tuple[dict[str, Any], str, str, int]] = {
-    "1,600 chained alternatives": ({"grammar": chain(1600)}, "w", r"w[0-9]+|end", 8),
-    "950 chained alternatives": ({"grammar": chain(950)}, "w", r"w[0-9]+|end", 8),
-    'root ::= ("a"|"a")*': ({"grammar": 'root ::= ("a"|"a")*'}, "a", r"a*", 12),
-    "pattern ^((a{0,100}){0,100}){0,100}$": (
-        {"json_schema": {"type": "string", "pattern": "^((a{0,100}){0,100}){0,100}$"}},
-        "a",
-        r'"a*"',
-        48,
-    ),
-}
 
 
 class Stream:

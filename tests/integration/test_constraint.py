@@ -26,6 +26,7 @@ from llama_srb.sampling.constraint import (
 )
 from llama_srb.sampling.masks import MaskBatch, allowed, allowed_tokens, apply_mask
 from llama_srb.sampling.params import ParamError
+from tests.support.pathological import chain
 
 SCHEMA = {
     "type": "object",
@@ -208,12 +209,6 @@ def test_a_dead_end_says_so(model: Model, constraints: Constraints) -> None:
     assert matcher.consume(tokens(model, "a")[0])
     MaskBatch(model.n_vocab).fill([matcher])
     assert matcher.error is not None and matcher.error.startswith("no text can follow here")
-
-
-def chain(rules: int) -> str:
-    """README's Known limits: `r0 ::= "w0" | r1`, ... (1,600 rules: 64 KiB of grammar)."""
-    body = "".join(f'r{i} ::= "w{i}" | r{i + 1}\n' for i in range(rules))
-    return f'root ::= r0\n{body}r{rules} ::= "end"\n'
 
 
 PATHOLOGICAL = {
