@@ -315,7 +315,7 @@ class Settings(BaseSettings):
 
     def cache_cells_for(self, n_ctx: int) -> int:
         if self.cache_cells is None:
-            # Idle cached cells slow a step far less than re-reading a story costs (README,
+            # Idle cached cells slow a step far less than re-reading a story costs (docs/benchmarks.md,
             # "Prefix cache"), so by default the cache may use every cell not in use.
             return n_ctx
         return min(self.cache_cells, n_ctx)

@@ -11,7 +11,7 @@ May call the API: the server's own pages (same origin), the origins --cors-origi
 and by default `null` and `loopback`:
 - `null`: pages opened as files (Mikupad's and KoboldAI Lite's single HTML files). A
   sandboxed frame of any web site sends `Origin: null` too, and nothing tells the two
-  apart: the price of file pages working out of the box (README, "Browser pages").
+  apart: the price of file pages working out of the box (docs/production.md, "Browser pages").
 - `loopback`: pages served from this machine, http(s)://localhost, 127.0.0.0/8 or [::1],
   any port (SillyTavern's page, a local Mikupad server).
 With --api-key, any page may send requests that need the key: the key is checked for

@@ -11,7 +11,7 @@ tags existing cells with another sequence id. So a finished branch can stay behi
 *cached path* (its own sequence id, its cells untouched) from which a later prompt that
 starts with the same tokens forks for free.
 
-The policy (its numbers are in the README, "Prefix cache"):
+The policy (its numbers are in docs/benchmarks.md, "Prefix cache"):
 - Every cell that running requests do not need may hold cached paths: an idle cell costs
   a decode step far less than re-reading a story costs. A running request always wins:
   admission evicts the least recently used paths until it fits.

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
-# The bounds, stated once (README, "The story library").
+# The bounds, stated once (docs/api.md, "The story library").
 MAX_STORIES = 10_000  # in the library, the trash included
 MAX_NODES = 10_000  # live nodes of one story
 MAX_STORY_BYTES = 64 << 20  # JSON of a story's live nodes

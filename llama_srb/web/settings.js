@@ -45,7 +45,7 @@ const GROUPS = [
     ],
   },
   {
-    // Choosing between branches (README): the n continuations open and sound differently.
+    // Choosing between branches (docs/design.md): the n continuations open and sound differently.
     legend: "Choosing",
     fields: [
       {

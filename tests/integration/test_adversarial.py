@@ -23,7 +23,7 @@ from tests.support.server import RunningServer, run_server
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
 GRAMMAR_A = 'root ::= "a"'
 
-# Every sampler parameter of the README's table, each at a value that is not its default.
+# Every sampler parameter of docs/api.md's table, each at a value that is not its default.
 SAMPLER_VALUES: dict[str, object] = {
     "temperature": 1.3,
     "top_k": 5,

@@ -178,7 +178,7 @@ class NativeCall:
         """`completion_probabilities`: per token its id, text, bytes and log-probability,
         and the `n_probs` most likely tokens. With `post_sampling_probs` the values are
         probabilities (`prob`, `top_probs`); either way they are the model's own, before
-        the sampler chain (README, "Log-probabilities")."""
+        the sampler chain (docs/api.md, "Log-probabilities")."""
         post = self.options.post_sampling_probs
         top_key = "top_probs" if post else "top_logprobs"
         return [

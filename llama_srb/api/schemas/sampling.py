@@ -115,7 +115,7 @@ class SamplingFields(BaseModel):
         description="grammar the output must match, in llguidance's Lark syntax (a `start:`"
         " rule or `%llguidance`), or else GBNF (vLLM's field)",
     )
-    # Choosing between branches (README, "Choosing between branches").
+    # Choosing between branches (docs/design.md, "Choosing between branches").
     banned_strings: list[str] | None = Field(
         None,
         description="phrases no choice may contain: a branch that writes one is taken back"
