@@ -315,8 +315,8 @@ class Settings(BaseSettings):
 
     def cache_cells_for(self, n_ctx: int) -> int:
         if self.cache_cells is None:
-            # Idle cached cells slow a step far less than re-reading a story costs (docs/benchmarks.md,
-            # "Prefix cache"), so by default the cache may use every cell not in use.
+            # Idle cached cells slow a step far less than re-reading a story costs
+            # (docs/benchmarks.md, "Prefix cache"): by default the cache may use every cell.
             return n_ctx
         return min(self.cache_cells, n_ctx)
 
