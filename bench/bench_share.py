@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.bundled_model import bundled_model_path
+from tests.support.processes import running
 from tests.support.server import free_port, run_server
 
 LLAMA_SERVER = Path.home() / ".cache/llama-srb/llama-tools-0.3.36/bin/llama-server"
@@ -134,25 +134,16 @@ def llama_server(tmp: Path, binary: Path, slots: int, ctx: int) -> Iterator[str]
         *("-c", str(ctx), "-np", str(slots), "--kv-unified"),
         *("-t", str(os.cpu_count() or 1), "-b", "512", "-ub", "512"),
     ]
-    log = (tmp / f"llama-server-{port}.log").open("wb")
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited: see {log.name}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("llama-server not ready")
-            time.sleep(0.2)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base}/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    with running(cmd, tmp / f"llama-server-{port}.log", ready, timeout=120):
         yield base
-    finally:
-        process.terminate()
-        process.wait(30)
-        log.close()
 
 
 def main() -> None:

@@ -13,13 +13,13 @@ import contextlib
 import json
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from tests.support.processes import running
 from tests.support.server import RunningServer, free_port
 
 TOOLS = Path.home() / ".cache/llama-srb/llama-tools-0.3.36/bin"
@@ -53,28 +53,16 @@ def llama_server(
         *shape.args(),
         *("-np", str(slots), *extra),
     ]
-    log_path = log_dir / f"llama-server-{port}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"llama-server exited:\n{log_path.read_text()[-4000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError("llama-server not ready in time")
-            time.sleep(0.2)
-        yield base
-    finally:
-        process.terminate()
+
+    def ready() -> bool:
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            return httpx.get(f"{base}/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    with running(cmd, log_dir / f"llama-server-{port}.log", ready, timeout=120):
+        yield base
 
 
 @dataclass(frozen=True)

@@ -10,26 +10,17 @@ import socket
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from tests.support.processes import free_port, running
+from tests.support.processes import HttpProcess, free_port, running
 
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "nginx.conf"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 
 
-@dataclass
-class RunningBalancer:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def api_url(self) -> str:
-        return f"{self.base_url}/v1"
+RunningBalancer = HttpProcess
 
 
 def balancer_config(listen_port: int, replicas: Sequence[str]) -> str:

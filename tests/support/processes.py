@@ -8,7 +8,21 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass
+class HttpProcess:
+    """A running process that serves HTTP: where, and its log."""
+
+    base_url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def api_url(self) -> str:
+        return f"{self.base_url}/v1"
 
 
 def free_port() -> int:

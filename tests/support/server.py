@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import httpx
 
-from tests.support.processes import free_port, running
+from tests.support.processes import HttpProcess, free_port, running
 
 
-@dataclass
-class RunningServer:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @property
-    def api_url(self) -> str:
-        return f"{self.base_url}/v1"
-
+class RunningServer(HttpProcess):
     @cached_property
     def model_id(self) -> str:
         """The id the server serves its model under (`/v1/models`), as clients read it."""
