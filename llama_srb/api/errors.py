@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llama_srb.engine.generation import EngineDied, Interrupted, RequestTimedOut
+from llama_srb.engine.outputs import RequestOutput
 from llama_srb.sampling.params import ParamError
 
 _TYPES = {
@@ -72,6 +73,14 @@ def body_for(
 def error_response(exc: APIError, path: str = "") -> JSONResponse:
     body = body_for(path, exc.status, exc.message, exc.param, exc.code)
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+def output_error(out: RequestOutput) -> APIError:
+    """An engine output's error: the request's own (400) or the server's (500)."""
+    assert out.error is not None
+    if out.refused:
+        return APIError(400, out.error, code="constraint_failed")
+    return APIError(500, out.error, code="engine_error")
 
 
 def interrupted_error(exc: Interrupted) -> APIError:

@@ -92,8 +92,13 @@ class Engine:
         request = self.scheduler.find(request_id)
         return [] if request is None else self._end_requests([request], FinishReason.ABORT)
 
-    def fail(self, requests: Iterable[Request], message: str) -> list[RequestOutput]:
-        """End requests with an error: theirs, or the engine's."""
+    def fail(
+        self, requests: Iterable[Request], message: str, refused: bool = False
+    ) -> list[RequestOutput]:
+        """End requests with an error: the engine's, or (`refused`) their own."""
+        requests = list(requests)
+        for request in requests:
+            request.refused = refused
         return self._end_requests(requests, FinishReason.ERROR, message)
 
     def fail_all(self, message: str) -> list[RequestOutput]:
@@ -142,7 +147,7 @@ class Engine:
             broken, rewinds = self._sample(call, chunk_rows, sampled)
             self._apply(rewinds)
             for request, error in broken:
-                failed += self.fail([request], error)
+                failed += self.fail([request], error, refused=True)
             progress += [self._progress(c) for c in call.prefill if not c.completes_prompt]
         self.stats.steps += 1
         n_prefill = plan.n_tokens - len(plan.decode)
@@ -351,6 +356,7 @@ class Engine:
             cached_tokens=request.n_cached,
             finished=request.status is RequestStatus.FINISHED,
             error=request.error,
+            refused=request.refused,
             prompt_logprobs=request.prompt_scores if request.prompt_logprobs else None,
             admitted=admitted,
         )

@@ -87,6 +87,9 @@ class RequestOutput:
     cached_tokens: int = 0
     finished: bool = False
     error: str | None = None
+    # The error is the request's own (its grammar cannot go on: a limit, a dead end), not
+    # the server's: the API answers it as a client error.
+    refused: bool = False
     # echo + logprobs: one per prompt token, None where there is none (the first token)
     prompt_logprobs: list[TokenLogprob | None] | None = None
     # While a long prompt is read in chunks: its tokens in the KV cache so far (cached ones

@@ -100,6 +100,7 @@ class Request:
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
     n_cached: int = 0  # of those, how many were shared from cached or live sequences
     error: str | None = None
+    refused: bool = False  # the error is the request's own: its grammar cannot go on
     prompt_scores: list[TokenLogprob | None] = field(default_factory=list)
     # With banned strings: the logits of the prompt's last token and their column maxima,
     # for a branch rewound to its first token (the row is gone once branches decode on).

@@ -190,8 +190,9 @@ class SamplingParams:
 
     @property
     def deterministic(self) -> bool:
-        """Every branch would be the same text: greedy, with no branch's own settings."""
-        return self.greedy and not any(self.choices_params)
+        """Every branch would be the same text: greedy, with no branch's own settings and
+        no distinct first tokens."""
+        return self.greedy and not any(self.choices_params) and not self.distinct_openings
 
 
 def _check_range(name: str, value: float, lo: float | None, hi: float | None) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.bundled import SMOLLM2
 from tests.support.pathological import PATHOLOGICAL, N
 from tests.support.server import RunningServer
 
@@ -104,3 +105,21 @@ def test_a_pathological_grammar_ends_while_another_stream_completes(
             assert re.fullmatch(complete, text), (i, text)
         else:  # cut by max_tokens: only ("a"|"a")* goes on that long
             assert re.fullmatch(r"a+", text) and len(text) >= max_tokens, (i, text)
+
+
+@pytest.mark.models(SMOLLM2)
+def test_a_constraint_that_cannot_go_on_is_the_request_s_error(server: RunningServer) -> None:
+    """Found by test_fuzz.py: on SmolLM2's byte tokens, llguidance's mask for this regex
+    allows, after U+008E, a byte that its matcher then refuses (U+95FD0 comes next). The
+    request's constraint cannot go on: a 400 that says so (whole), an error event
+    (streamed), never a 500; the server goes on."""
+    body = {"prompt": "x", "max_tokens": 16, "guided_regex": "\x10ã\x83Û\x8e\U00095fd0\x8b"}
+    response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "constraint_failed" and "cannot go on" in error["message"]
+    streamed = Stream(server, body)
+    streamed.join()
+    assert streamed.status == 200 and streamed.error is not None
+    assert "cannot go on" in streamed.error["message"]
+    assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200

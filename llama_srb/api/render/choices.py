@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from llama_srb.api.errors import APIError
+from llama_srb.api.errors import output_error
 from llama_srb.api.input.prompts import choice_index
 from llama_srb.api.render.sse import UsageTally
 from llama_srb.engine.outputs import ChoiceSoFar, RequestOutput
@@ -33,7 +33,7 @@ async def gather(
     )
     async for position, out in outputs:
         if out.error is not None:
-            raise APIError(500, out.error, code="engine_error")
+            raise output_error(out)
         for delta in out.choices:
             result.choices[choice_index(position, n, delta.index)].add(delta)
         if out.prompt_logprobs is not None:

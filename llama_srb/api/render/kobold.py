@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_srb.api.errors import APIError
+from llama_srb.api.errors import APIError, output_error
 from llama_srb.api.render.logprobs import TokenText
 from llama_srb.api.render.native import stop_info
 from llama_srb.api.render.sse import error_event, named_event
@@ -44,7 +44,7 @@ class KoboldCall:
 
     def _add(self, out: RequestOutput) -> None:
         if out.error is not None:
-            raise APIError(500, out.error, code="engine_error")
+            raise output_error(out)
         self.prompt_tokens = out.prompt_tokens
         for delta in out.choices:
             self.results[delta.index].add(delta, 0.0)

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_srb.api.errors import APIError
+from llama_srb.api.errors import output_error
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.logprobs import TokenText
 from llama_srb.api.render.progress import PromptProgress
@@ -72,7 +72,7 @@ class NativeCall:
         prompts), ordered by index, as llama-server answers."""
         async for position, out in outputs:
             if out.error is not None:
-                raise APIError(500, out.error, code="engine_error")
+                raise output_error(out)
             self._deltas(position, out)
         finals = [self.final(self.results[i]) for i in sorted(self.results)]
         return finals[0] if len(finals) == 1 else finals

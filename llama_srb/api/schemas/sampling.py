@@ -175,7 +175,8 @@ class SamplingFields(BaseModel):
     def n_branches(self) -> int:
         """Branches each prompt decodes (engine/spec.py)."""
         greedy = self.temperature is not None and self.temperature <= 0
-        return branch_count(self.n, self.best_of, greedy and not self.choices_params)
+        alike = greedy and not self.choices_params and not self.distinct_openings
+        return branch_count(self.n, self.best_of, alike)
 
     @property
     def include_usage(self) -> bool:
