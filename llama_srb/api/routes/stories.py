@@ -126,5 +126,5 @@ async def duplicate(sid: str, http: Request, state: State) -> JSONResponse:
     story = story_id(sid)
     name = None
     if await http.body():
-        name = (await parsed(Duplicate)(http)).name
+        name = (await parsed(Duplicate)(http, state)).name
     return tagged(await call(state, lambda s: s.duplicate(story, name)), 201)
