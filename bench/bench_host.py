@@ -94,10 +94,12 @@ def run(
     steps = 0
     started = time.perf_counter()
     while engine.has_work:
-        engine.step()
+        for output in engine.step():
+            if output.error is not None:
+                raise RuntimeError(f"{body}: {output.error}")
         steps += 1
     elapsed = time.perf_counter() - started
-    sampled = engine.stats.generated_tokens  # a greedy request decodes one branch for all
+    sampled = engine.branch_step.drawn  # a greedy request decodes one branch for all
     engine.close()
     return elapsed, steps, sampled
 

@@ -207,9 +207,8 @@ def main() -> None:
     server_args = ("--model", args.model, *shlex.split(args.server_args))  # else defaults
     with tempfile.TemporaryDirectory() as tmp:
         before: list[Cell | None] = []
-        if args.before is not None:  # its package first on the path: its code runs
-            env = {"PYTHONPATH": str(args.before.resolve())}
-            with run_server(Path(tmp), *server_args, env=env) as server:
+        if args.before is not None:
+            with run_server(Path(tmp), *server_args, checkout=args.before.resolve()) as server:
                 before = tried_cases(server.base_url, cases, server, refusals=True)
         with run_server(Path(tmp), *server_args) as server:
             ours = run_cases(server.base_url, cases, server)

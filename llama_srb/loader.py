@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,6 +28,7 @@ from llama_srb.native import (
     has_gpu_device,
 )
 from llama_srb.rpc import add_rpc_servers
+from llama_srb.sampling.constraint import constraints_for
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ class LoadedEngine:
     context: Context
     engine: Engine
     runtime: Runtime
+    # Builds the constraint tokenizer (~2 s for 262k tokens) so that the first
+    # constrained request does not wait for it; it reads the model, so close() waits.
+    warm_constraints: threading.Thread | None = None
 
     @property
     def n_ctx(self) -> int:
@@ -70,6 +75,8 @@ class LoadedEngine:
                 "the engine thread is stuck in a step (requests %s): exiting without it", ids
             )
             return False
+        if self.warm_constraints is not None:
+            self.warm_constraints.join()
         self.engine.close()
         self.context.close()
         self.model.close()
@@ -200,4 +207,6 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
         settings.max_sequences,
         engine.tokens_per_call,
     )
-    return LoadedEngine(model, context, engine, runtime)
+    warm = threading.Thread(target=constraints_for, args=(model,), name="warm-constraints")
+    warm.start()
+    return LoadedEngine(model, context, engine, runtime, warm)

@@ -39,12 +39,13 @@ def running(
     timeout: float,
     env: dict[str, str] | None = None,
     stop_timeout: float = 30,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`cmd` running until the block ends; `ready()` (which may raise OSError, as a
     refused connection does) is polled until true. It exiting first, or not being ready
     within `timeout` seconds, is an error that quotes its log."""
     with log_path.open("wb") as log:
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     try:
         deadline = time.monotonic() + timeout
         while True:

@@ -41,13 +41,20 @@ class RunningServer(HttpProcess):
 
 @contextmanager
 def run_server(
-    tmp_dir: Path, *args: str, env: dict[str, str] | None = None, port: int | None = None
+    tmp_dir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+    checkout: Path | None = None,
 ) -> Iterator[RunningServer]:
     """The server on `port` (default: a free one). Its story library is in `tmp_dir`
-    unless `args` name a --data-dir: a test never writes the user's own."""
+    unless `args` name a --data-dir: a test never writes the user's own. `checkout`:
+    run that llama-srb source tree's server instead of this one (a benchmark's before)."""
     port = port or free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    data = [] if "--data-dir" in args else ["--data-dir", str(tmp_dir / "data")]
+    data = ["--data-dir", str(tmp_dir / "data")]
+    if "--data-dir" in args or checkout is not None:  # an older checkout may not know it
+        data = []
     cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *data, *args]
     base_url = f"http://127.0.0.1:{port}"
 
@@ -57,5 +64,8 @@ def run_server(
         except httpx.TransportError:
             return False
 
-    with running(cmd, log_path, ready, timeout=120, env={**os.environ, **(env or {})}) as process:
+    env = {**os.environ, **(env or {})}
+    if checkout is not None:  # `python -m` finds the package in its working directory first
+        env["PYTHONPATH"] = str(checkout)
+    with running(cmd, log_path, ready, timeout=120, env=env, cwd=checkout) as process:
         yield RunningServer(base_url, process, log_path)
