@@ -60,8 +60,12 @@ class RunningServer:
 def run_server(
     tmp_dir: Path, *args: str, env: dict[str, str] | None = None
 ) -> Iterator[RunningServer]:
+    """The server's disk cache tier lives under `tmp_dir` unless `args` name a
+    --cache-dir: tests never write the user's cache."""
     port = free_port()
     log_path = tmp_dir / f"server-{port}.log"
+    if "--cache-dir" not in args:
+        args = ("--cache-dir", str(tmp_dir / f"kv-{port}"), *args)
     cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *args]
     with log_path.open("wb") as log:
         process = subprocess.Popen(

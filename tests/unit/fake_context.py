@@ -100,6 +100,7 @@ class FakeContext:
         self.fail_next: int | None = None  # a DecodeError code for the next decode
         self.decoded = 0  # tokens computed by all decodes
         self.calls = 0  # decodes
+        self.refuse_state = False  # state_set fails, as llama.cpp on bytes it cannot read
 
     def warm_up(self, token: int) -> None:
         # llama.cpp aborts the process on a token outside the vocabulary.
@@ -144,6 +145,21 @@ class FakeContext:
             if (seq_id < 0 or seq_id in cell.seqs) and lo <= cell.pos < hi:
                 cell.seqs.discard(seq_id)
         self.cells = [c for c in self.cells if c.seqs]
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return len(self.held(seq_id)) - 1
+
+    def state_get(self, seq_id: int) -> bytes:
+        """A sequence's tokens, as llama.cpp's state holds its cells (`refuse` fails it)."""
+        return np.asarray(self.held(seq_id), np.int32).tobytes()
+
+    def state_set(self, seq_id: int, data: bytes) -> bool:
+        assert not self.held(seq_id), f"restore into seq {seq_id}, which holds cells"
+        if self.refuse_state or len(self.cells) + len(data) // 4 > self.n_ctx:
+            return False
+        tokens = np.frombuffer(data, np.int32)
+        self.cells += [Cell(pos, int(t), {seq_id}) for pos, t in enumerate(tokens)]
+        return True
 
     def held(self, seq: int) -> list[int]:
         """The tokens `seq` holds, by position; they must be 0..n-1 without a gap."""
