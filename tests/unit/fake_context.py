@@ -22,6 +22,7 @@ from llama_srb.engine.outputs import RequestOutput, RequestTimes
 from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.spec import RequestSpec
+from llama_srb.engine.tiers import TierStore
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.params import SamplingParams
@@ -246,11 +247,13 @@ def make_engine(
     table: Table = ranking,
     tokens_per_call: int = 0,
     share: ShareRules | None = None,
+    tiers: TierStore | None = None,
 ) -> tuple[Engine, FakeContext]:
     """An engine over a fake context; the prefix cache may use every cell by default.
     `max_live` counts large requests' sequences; `share`'s reserve comes on top."""
     live = max_live + (share.reserve_sequences if share else 0)
-    budget = KvBudget(live, n_ctx, cache_paths, n_ctx if cache_cells is None else cache_cells)
+    cells = n_ctx if cache_cells is None else cache_cells
+    budget = KvBudget(live, n_ctx, cache_paths, cells, tiers)
     ctx = FakeContext(n_ctx, n_batch, budget.n_seq, table)
     engine = Engine(FakeModel(), ctx, budget, tokens_per_call=tokens_per_call, share=share)
     return engine, ctx
