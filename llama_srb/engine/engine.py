@@ -371,7 +371,7 @@ class Engine:
         failed: list[int] = []
         for op in ops:
             if isinstance(op, KvSave):
-                self.tier_io.save(op.dst, op.tokens)
+                self.tier_io.save(op)
             elif isinstance(op, KvRestore):
                 if not self.tier_io.restore(op):
                     failed.append(op.dst)
@@ -390,7 +390,7 @@ class Engine:
         if budget.tiers is None:
             return
         for path in budget.cache.paths:
-            self.tier_io.save(path.seq_id, path.tokens)
+            self.tier_io.save(budget.cache.save_op(path))
         budget.tiers.flush()
 
     @staticmethod

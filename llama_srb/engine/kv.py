@@ -75,9 +75,13 @@ class KvOp:
 
 @dataclass(frozen=True, eq=False)
 class KvSave(KvOp):
-    """Copy the cells of cached path `dst` (its `tokens`) down to the tiers."""
+    """Copy the cells of cached path `dst` (its `tokens`) down to the tiers. `prompt_end`:
+    the end of the prompt that left it (0: none), for a second entry that ends there (with
+    a sliding window an entry is exact only at its end: this one makes a swipe, the same
+    prompt again, a hit). The sequence may be cut to it: the op is followed by its removal."""
 
     tokens: Tokens = field(default_factory=lambda: as_tokens([]))
+    prompt_end: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,6 +149,7 @@ class CachedPath:
     last_used: int
     pins: int = 0  # live requests that forked from it and counted on its cells
     floor: int = 0  # forks from it share at least this many tokens (sliding-window layers)
+    prompt_len: int = 0  # the prompt of the request that left it (where swipes fork)
     # Common prefix length with every other cached path, by branch id: computed once, at park.
     shared: dict[int, int] = field(default_factory=dict)
 
@@ -228,10 +233,10 @@ class PrefixCache:
         path.last_used = next(self._clock)
 
     def park(
-        self, seq_id: int, tokens: Sequence[int], floor: int = 0
+        self, seq_id: int, tokens: Sequence[int], floor: int = 0, prompt_len: int = 0
     ) -> tuple[list[KvOp], list[int]]:
         """Keep a finished sequence's cells as a cached path (its id now belongs to the
-        cache; `floor`: see CachedPath). Returns the ops that re-point its shared prefix at
+        cache; `floor`, `prompt_len`: see CachedPath). Returns the ops that re-point its shared prefix at
         existing cells, and the ids of paths it made redundant or that had to make way
         (their cells are removed by the ops)."""
         array = as_tokens(tokens)
@@ -264,7 +269,7 @@ class PrefixCache:
             ops.append(KvOp.remove(path.seq_id))
             self._remove(path)
             del shared[path.seq_id]
-        self._add(CachedPath(seq_id, array, next(self._clock), shared=shared, floor=floor))
+        self._add(CachedPath(seq_id, array, next(self._clock), 0, floor, prompt_len, shared))
         return ops, [p.seq_id for p in apart + covered]
 
     @staticmethod
@@ -284,8 +289,16 @@ class PrefixCache:
         return victim.seq_id, self._evict(victim)
 
     def _evict(self, path: CachedPath) -> list[KvOp]:
+        save = self.save_op(path)
         self._remove(path)
-        return [*self._save(path.seq_id, path.tokens), KvOp.remove(path.seq_id)]
+        return [*([save] if self.save_evicted else []), KvOp.remove(path.seq_id)]
+
+    @staticmethod
+    def save_op(path: CachedPath) -> KvSave:
+        end = path.prompt_len
+        if not (max(path.floor, MIN_SHARED_TOKENS) <= end < len(path) - 1):
+            end = 0  # no prompt end whose cells are exact and worth an entry of its own
+        return KvSave(path.seq_id, path.seq_id, tokens=path.tokens, prompt_end=end)
 
     def _save(self, seq_id: int, tokens: Tokens) -> list[KvOp]:
         return [KvSave(seq_id, seq_id, tokens=tokens)] if self.save_evicted else []
@@ -373,16 +386,19 @@ class KvBudget:
         ):
             found = Match(path, shared)
         if self.tiers is not None:
-            entry, restored = self.tiers.best(tokens, limit, request.cells_needed)
+            entry, restored = self.tiers.best(tokens, limit, self.n_cells)
             if entry is not None and restored - found.shared >= MIN_SHARED_TOKENS:
                 found = Match(None, restored, entry)
         self._matches[request] = found
         return found
 
     def cells_to_reserve(self, request: Request) -> int:
-        """The cells admitting the request now would reserve: all but what it forks."""
+        """The cells admitting the request now would reserve: all but what it forks; a
+        restore loads a whole entry before it is cut to the shared prefix."""
         found = self.match(request)
-        return request.cells_needed - (found.shared if found.source is not None else 0)
+        if found.entry is not None:
+            return max(request.cells_needed, len(found.entry))
+        return request.cells_needed - found.shared
 
     def can_admit(self, request: Request) -> bool:
         source = self.match(request).source
@@ -459,7 +475,7 @@ class KvBudget:
         self.cells_reserved -= len(reservation.finished) * request.params.max_tokens
         ops: list[KvOp] = []
         for seq_id, path in reservation.finished:
-            park_ops, freed = self.cache.park(seq_id, path, reservation.floor)
+            park_ops, freed = self.cache.park(seq_id, path, reservation.floor, request.prompt_len)
             ops += park_ops
             self._free_ids.extend(freed)
         return ops + self._evict_until(

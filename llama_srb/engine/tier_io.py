@@ -10,7 +10,7 @@ import logging
 import time
 
 from llama_srb.engine.context import DecodeContext
-from llama_srb.engine.kv import KvRestore, Tokens
+from llama_srb.engine.kv import KvRestore, KvSave
 from llama_srb.engine.stats import EngineStats
 from llama_srb.engine.tiers import MiB, TierStore
 from llama_srb.native import NativeError
@@ -24,17 +24,20 @@ class TierIO:
         self.tiers = tiers
         self.stats = stats
 
-    def save(self, seq_id: int, tokens: Tokens) -> None:
-        """Copy a cached path's cells down (its cells themselves are left as they are)."""
+    def save(self, op: KvSave) -> None:
+        """Copy a cached path's cells down. With a sliding window, a second entry ends
+        where its prompt did: the sequence is cut there (the op is the last use of the
+        cells beyond)."""
         if self.tiers is None:
             return
         started = time.perf_counter()
         try:
-            data = self.ctx.state_get(seq_id)
+            self.tiers.put(op.tokens, self.ctx.state_get(op.dst))
+            if op.prompt_end and self.tiers.sliding_window:
+                self.ctx.seq_rm(op.dst, op.prompt_end, -1)
+                self.tiers.put(op.tokens[: op.prompt_end], self.ctx.state_get(op.dst))
         except NativeError as exc:  # dropped instead: nothing else is lost
-            log.warning("could not save a cached path of %d tokens: %s", len(tokens), exc)
-            return
-        self.tiers.put(tokens, data)
+            log.warning("could not save a cached path of %d tokens: %s", len(op.tokens), exc)
         self.stats.tier_save_seconds += time.perf_counter() - started
 
     def restore(self, op: KvRestore) -> bool:

@@ -111,24 +111,44 @@ def test_an_evicted_story_comes_back_from_host_memory(tmp_path: Path, bundled_mo
 def test_a_fork_from_inside_a_saved_story_is_exact_or_read_again(
     tmp_path: Path, bundled_model: str
 ) -> None:
-    """A new ending for an evicted story forks from inside the saved path. SmolLM2 (full
-    attention) restores those cells exactly; Gemma 3's sliding-window layers were saved
-    for the path's end only, so it reads the story again. Either way the text is the one
-    a cold server writes."""
+    """A new ending from the middle of an evicted story forks from inside the saved path.
+    SmolLM2 (full attention) restores those cells exactly: the text is the one a cold
+    server writes. Gemma 3's sliding-window layers were saved for the ends of the answer
+    and of the prompt only, so it reads the story again (as any prompt is read: its text
+    may differ from a cold server's in a token now and then, as where other stories' cells
+    lie changes the logits a little: README, Known limits)."""
     with run_server(tmp_path, "--model", bundled_model, *SMALL, "--cache-disk", "0") as server:
         story = new_story(server, 8)
         generate(server, story)
         generate(server, new_story(server, 8))  # pushes the first out of the live cells
-        fork = story + tokenize(server, MORE, add_special=False)
+        fork = story[: len(story) // 2] + tokenize(server, MORE, add_special=False)
         forked = generate(server, fork)
         hits = tier_hits(server, "host")
     if bundled_model == GEMMA:
-        assert hits == 0 and forked["tokens_cached"] < len(story) // 2
-    else:
-        assert hits == 1 and forked["tokens_cached"] >= len(story) - 1
+        assert hits == 0 and forked["tokens_cached"] == 0
+        return
+    assert hits == 1 and forked["tokens_cached"] >= len(story) // 2
     with run_server(tmp_path, "--model", bundled_model, "--cache-ram", "0") as reference:
         cold = generate(reference, fork)
     assert forked["tokens"] == cold["tokens"]
+
+
+def test_a_swipe_on_an_evicted_story_restores_its_prompt(
+    tmp_path: Path, bundled_model: str
+) -> None:
+    """The same prompt again after its answer was evicted (a swipe, a regenerate): the
+    prompt comes back from host memory, on Gemma 3 too (an entry that ends with the
+    prompt is saved beside the answer's), and the seeded answer is the same."""
+    body = {"n_predict": 12, "seed": 7, "temperature": 1.0, "return_tokens": True}
+    with run_server(tmp_path, "--model", bundled_model, *SMALL, "--cache-disk", "0") as server:
+        story = new_story(server, 8)
+        url = f"{server.base_url}/completion"
+        first = httpx.post(url, json={"prompt": story, **body}, timeout=300).json()
+        generate(server, new_story(server, 8))  # pushes the story out
+        again = httpx.post(url, json={"prompt": story, **body}, timeout=300).json()
+        assert tier_hits(server, "host") == 1
+    assert again["tokens"] == first["tokens"]
+    assert again["tokens_cached"] == len(story) - 1
 
 
 # -- faults ---------------------------------------------------------------------------------

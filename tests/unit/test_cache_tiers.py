@@ -270,7 +270,8 @@ def test_a_restore_that_fails_reads_the_prompt_instead() -> None:
 
 
 def test_a_fork_from_inside_a_windowed_entry_reads_again() -> None:
-    """Sliding-window models: an entry is exact at its end only."""
+    """Sliding-window models: an entry is exact at its end only (the answer's, and the
+    prompt's saved beside it)."""
     store = TierStore(host_budget=1 << 20, sliding_window=True)
     engine, _ = two_stories_engine(store)
     first = story(50)
@@ -278,11 +279,16 @@ def test_a_fork_from_inside_a_windowed_entry_reads_again() -> None:
     out = run(engine)
     engine.add(make_request("b", story(50), max_tokens=6))
     run(engine, out)
-    fork = [*first, 9, 9]  # the story, a new ending: inside the saved path
+    fork = [*first[:20], 9, 9]  # inside the prompt: nothing ends there
     engine.add(make_request("c", fork, max_tokens=4))
     run(engine, out)
     assert out.tokens("c")[0] == expected(fork, 0, 4)
     assert out.last("c").cached_tokens == 0 and engine.stats.tier_hits == {}
+    new_ending = [*first, 9, 9]  # after the whole prompt: its entry serves it
+    engine.add(make_request("d", new_ending, max_tokens=4))
+    run(engine, out)
+    assert out.tokens("d")[0] == expected(new_ending, 0, 4)
+    assert out.last("d").cached_tokens == len(first) and engine.stats.tier_hits == {"host": 1}
 
 
 def test_restored_cells_are_not_forked_from_below_their_floor() -> None:
@@ -327,3 +333,22 @@ def test_at_shutdown_every_cached_path_is_written_to_disk(tmp_path: Path) -> Non
 def test_no_tiers_without_a_prefix_cache() -> None:
     budget = KvBudget(4, 100, cache_paths=4, cache_cells=0, tiers=TierStore(1 << 20))
     assert budget.tiers is None and not budget.cache.save_evicted
+
+
+def test_a_swipe_on_an_evicted_windowed_story_restores_its_prompt() -> None:
+    """Two branches of one prompt, evicted: with a sliding window each is exact only at
+    its end, so an entry that ends with their prompt is saved too; the same prompt
+    again (a swipe) restores it."""
+    store = TierStore(host_budget=1 << 20, sliding_window=True)
+    engine, _ = two_stories_engine(store)
+    first = story(50)
+    engine.add(make_request("a", first, n=2, max_tokens=6))
+    out = run(engine)
+    engine.add(make_request("b", story(50), max_tokens=6))  # evicts both branches
+    run(engine, out)
+    assert sorted(len(e) for e in store.entries) == [50, 55, 55]
+    engine.add(make_request("c", first, n=2, max_tokens=6))
+    run(engine, out)
+    assert out.tokens("c") == out.tokens("a")
+    assert out.last("c").cached_tokens == len(first) - 1  # the last is decoded again
+    assert engine.stats.tier_hits == {"host": 1}
