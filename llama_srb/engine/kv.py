@@ -169,6 +169,7 @@ class Reservation:
     prompt_cells: int  # prompt cells this request computes itself
     source: CachedPath | None = None  # the cached path it forked from, pinned until it ends
     floor: int = 0  # forks from its cells share at least this many tokens
+    restored: TierEntry | None = None  # the tier entry its first sequence was loaded from
     # Finished branches, (branch id, tokens its cells hold): parked when the request ends, so
     # that its reservation still counts their cells until then.
     finished: list[tuple[int, list[int]]] = field(default_factory=list)
@@ -387,7 +388,10 @@ class KvBudget:
             found = Match(path, shared)
         if self.tiers is not None:
             entry, restored = self.tiers.best(tokens, limit, self.n_cells)
-            if entry is not None and restored - found.shared >= MIN_SHARED_TOKENS:
+            # One restore of an entry at a time: a request loading it already is forked
+            # from by the scheduler once its cells are there.
+            loading = any(r.restored is entry for r in self._running.values())
+            if entry is not None and not loading and restored - found.shared >= MIN_SHARED_TOKENS:
                 found = Match(None, restored, entry)
         self._matches[request] = found
         return found
@@ -419,7 +423,8 @@ class KvBudget:
 
     def restore_failed(self, request: Request) -> None:
         """llama.cpp refused a tier's bytes: the request reads its whole prompt."""
-        self._running[request].floor = 0
+        reservation = self._running[request]
+        reservation.floor, reservation.restored = 0, None
 
     def shortage(self, request: Request) -> Shortage:
         """What keeps a request that `can_admit` refuses waiting."""
@@ -438,8 +443,10 @@ class KvBudget:
         need = self.cells_to_reserve(request)
         floor = source.floor if source is not None else entry.floor if entry is not None else 0
         self._running[request] = Reservation(
-            request.prompt_len - (request.cells_needed - need), source, floor
+            request.prompt_len - (request.cells_needed - need), source, floor, restored=entry
         )
+        if entry is not None:
+            self._matches_of = (-1, -1)  # others waiting for this entry now fork from here
         ops = self._evict_until(
             lambda: (
                 self.free_ids >= request.n_branches

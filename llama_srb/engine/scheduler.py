@@ -19,7 +19,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 
-from llama_srb.engine.kv import MIN_SHARED_TOKENS, Grant, KvBudget, KvOp, Shortage, common_prefix
+from llama_srb.engine.kv import (
+    MIN_SHARED_TOKENS,
+    Grant,
+    KvBudget,
+    KvOp,
+    KvRestore,
+    Shortage,
+    common_prefix,
+)
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus
@@ -256,6 +264,8 @@ class Scheduler:
                 break
             if other.status is RequestStatus.PREFILLING:
                 holder, held = other.primary.seq_id, other.n_prefilled
+                if any(isinstance(op, KvRestore) and op.dst == holder for op in ops):
+                    held = 0  # its cells arrive with this step's restore, if it works
             elif other.live:
                 holder, held = other.live[0].seq_id, other.prompt_len
             else:

@@ -352,3 +352,24 @@ def test_a_swipe_on_an_evicted_windowed_story_restores_its_prompt() -> None:
     assert out.tokens("c") == out.tokens("a")
     assert out.last("c").cached_tokens == len(first) - 1  # the last is decoded again
     assert engine.stats.tier_hits == {"host": 1}
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_two_requests_for_one_restored_story_share_it_or_both_read_it(refused: bool) -> None:
+    """The second waits for the first's restore (whose cells arrive in the step that
+    admits them both) rather than copy cells that are not there yet."""
+    store = TierStore(host_budget=1 << 20)
+    engine, ctx = make_engine(n_ctx=160, n_batch=16, tiers=store, cache_cells=70)
+    first = story(50)
+    engine.add(make_request("a", first, max_tokens=6))
+    out = run(engine)
+    engine.add(make_request("b", story(50), max_tokens=6))
+    run(engine, out)
+    ctx.refuse_state = refused
+    follow_up = [*first, *out.tokens("a")[0][:5], 7, 8]
+    engine.add(make_request("c", follow_up, max_tokens=4))
+    engine.add(make_request("d", follow_up, max_tokens=4))
+    run(engine, out)
+    assert out.tokens("c")[0] == out.tokens("d")[0] == expected(follow_up, 0, 4)
+    assert engine.stats.tier_hits == ({} if refused else {"host": 1})
+    assert out.last("d").cached_tokens == len(follow_up) - 1  # from c, once c has it
