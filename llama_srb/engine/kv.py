@@ -237,9 +237,9 @@ class PrefixCache:
         self, seq_id: int, tokens: Sequence[int], floor: int = 0, prompt_len: int = 0
     ) -> tuple[list[KvOp], list[int]]:
         """Keep a finished sequence's cells as a cached path (its id now belongs to the
-        cache; `floor`, `prompt_len`: see CachedPath). Returns the ops that re-point its shared prefix at
-        existing cells, and the ids of paths it made redundant or that had to make way
-        (their cells are removed by the ops)."""
+        cache; `floor`, `prompt_len`: see CachedPath). Returns the ops that re-point its
+        shared prefix at existing cells, and the ids of paths it made redundant or that
+        had to make way (their cells are removed by the ops)."""
         array = as_tokens(tokens)
         shared = {p.seq_id: common_prefix(array, p.tokens) for p in self.paths}
         # Its prefix may share the cells of a path it extends past that one's floor only.
@@ -254,8 +254,9 @@ class PrefixCache:
         # Paths whose common prefix with it could not share cells (a floor between them)
         # break the count of cells; one side makes way.
         apart = [p for p in self.paths if shared[p.seq_id] > self._via(best, best_len, p)]
-        if any(p.pins for p in apart):
-            return [*self._save(seq_id, array), KvOp.remove(seq_id)], [seq_id]
+        if any(p.pins for p in apart):  # those stay: this one goes down a tier
+            save = [KvSave(seq_id, seq_id, tokens=array)] if self.save_evicted else []
+            return [*save, KvOp.remove(seq_id)], [seq_id]
         ops: list[KvOp] = []
         for path in apart:
             ops += self._evict(path)
@@ -296,13 +297,11 @@ class PrefixCache:
 
     @staticmethod
     def save_op(path: CachedPath) -> KvSave:
+        """The op that copies a path down (with its prompt's end, where that is exact)."""
         end = path.prompt_len
         if not (max(path.floor, MIN_SHARED_TOKENS) <= end < len(path) - 1):
             end = 0  # no prompt end whose cells are exact and worth an entry of its own
         return KvSave(path.seq_id, path.seq_id, tokens=path.tokens, prompt_end=end)
-
-    def _save(self, seq_id: int, tokens: Tokens) -> list[KvOp]:
-        return [KvSave(seq_id, seq_id, tokens=tokens)] if self.save_evicted else []
 
     def _add(self, path: CachedPath) -> None:
         for other in self.paths:

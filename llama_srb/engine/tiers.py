@@ -30,6 +30,7 @@ import logging
 import os
 import struct
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,7 @@ SUFFIX = ".kv"
 _LENGTH = struct.Struct("<I")  # the header's byte length, after the magic
 MAX_HEADER_BYTES = 1 << 16
 MiB = 1 << 20
+STALE_TEMPORARY_S = 3600.0
 
 
 class Tier(enum.Enum):
@@ -179,10 +181,16 @@ class DiskTier:
 
     def index(self) -> list[tuple[Path, Tokens, int, float]]:
         """Every valid file: (path, tokens, payload bytes, mtime), oldest first. Invalid ones
-        are removed with a log line; temporary files of a writer that died are left to
-        `sweep_temporary` (a live writer in another process may still own them)."""
+        are removed with a log line, and so are temporary files of a writer that died
+        (older than STALE_TEMPORARY_S: a live one in another process takes milliseconds)."""
         if not self.enabled:
             return []
+        now = time.time()
+        for tmp in self.folder.glob(".*.tmp"):
+            with _quiet():
+                if now - tmp.stat().st_mtime > STALE_TEMPORARY_S:
+                    log.warning("disk cache: removing %s, left by a writer that died", tmp.name)
+                    tmp.unlink()
         found = []
         for path in sorted(self.folder.glob("*" + SUFFIX)):
             try:

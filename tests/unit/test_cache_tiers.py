@@ -7,13 +7,23 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from llama_srb.engine.kv import KvBudget, as_tokens
-from llama_srb.engine.tiers import MAGIC, SUFFIX, DiskTier, Tier, TierStore, file_sha256
+from llama_srb.engine.tiers import (
+    MAGIC,
+    STALE_TEMPORARY_S,
+    SUFFIX,
+    DiskTier,
+    Tier,
+    TierStore,
+    file_sha256,
+)
 from tests.unit.fake_context import BOS, check_kv, expected, make_engine, make_request, run
 
 FINGERPRINT: dict[str, object] = {"model_sha256": "ab" * 32, "llama_cpp": "0.3.36", "n_swa": 0}
@@ -186,9 +196,13 @@ def test_a_half_written_file_is_never_read(tmp_path: Path) -> None:
     leaves a temporary name, which the index does not read."""
     tokens = story(30)
     path = saved_file(tmp_path, tokens)
-    (tmp_path / ".partial.tmp").write_bytes(path.read_bytes()[:40])
+    writing, dead = tmp_path / ".writing.tmp", tmp_path / ".dead.tmp"
+    for partial in (writing, dead):
+        partial.write_bytes(path.read_bytes()[:40])
+    os.utime(dead, (time.time() - 2 * STALE_TEMPORARY_S,) * 2)
     store = TierStore(host_budget=0, disk=disk(tmp_path))
     assert [list(e.tokens) for e in store.entries] == [tokens]
+    assert writing.exists() and not dead.exists()  # the dead writer's is swept
 
 
 def test_a_disk_that_refuses_writes_turns_the_tier_off(
