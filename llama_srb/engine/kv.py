@@ -249,14 +249,13 @@ class PrefixCache:
         if best is not None and best_len == len(array):
             self.touch(best)  # nothing new: keep the old path
             return [KvOp.remove(seq_id)], [seq_id]
-        if len(array) > self.max_idle_cells:  # could never stay: do not evict others for it
-            return [KvOp.remove(seq_id)], [seq_id]
         # Paths whose common prefix with it could not share cells (a floor between them)
         # break the count of cells; one side makes way.
         apart = [p for p in self.paths if shared[p.seq_id] > self._via(best, best_len, p)]
-        if any(p.pins for p in apart):  # those stay: this one goes down a tier
-            save = [KvSave(seq_id, seq_id, tokens=array)] if self.save_evicted else []
-            return [*save, KvOp.remove(seq_id)], [seq_id]
+        # It could never stay (do not evict others for it), or those stay: it goes down.
+        if len(array) > self.max_idle_cells or any(p.pins for p in apart):
+            path = CachedPath(seq_id, array, 0, floor=floor, prompt_len=prompt_len, shared=shared)
+            return [*self._saved(path), KvOp.remove(seq_id)], [seq_id]
         ops: list[KvOp] = []
         for path in apart:
             ops += self._evict(path)
@@ -291,9 +290,12 @@ class PrefixCache:
         return victim.seq_id, self._evict(victim)
 
     def _evict(self, path: CachedPath) -> list[KvOp]:
-        save = self.save_op(path)
+        save = self._saved(path)
         self._remove(path)
-        return [*([save] if self.save_evicted else []), KvOp.remove(path.seq_id)]
+        return [*save, KvOp.remove(path.seq_id)]
+
+    def _saved(self, path: CachedPath) -> list[KvOp]:
+        return [self.save_op(path)] if self.save_evicted else []
 
     @staticmethod
     def save_op(path: CachedPath) -> KvSave:

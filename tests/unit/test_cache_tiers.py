@@ -387,3 +387,19 @@ def test_two_requests_for_one_restored_story_share_it_or_both_read_it(refused: b
     assert out.tokens("c")[0] == out.tokens("d")[0] == expected(follow_up, 0, 4)
     assert engine.stats.tier_hits == ({} if refused else {"host": 1})
     assert out.last("d").cached_tokens == len(follow_up) - 1  # from c, once c has it
+
+
+def test_a_path_longer_than_the_idle_cells_goes_straight_down_a_tier() -> None:
+    """--cache-cells below a story's length: it cannot stay in the live cells, but it is
+    saved rather than dropped, and comes back."""
+    store = TierStore(host_budget=1 << 20)
+    engine, ctx = make_engine(n_ctx=200, n_batch=16, tiers=store, cache_cells=30)
+    first = story(50)
+    engine.add(make_request("a", first, max_tokens=6))
+    out = run(engine)
+    assert engine.scheduler.budget.cache.paths == [] and not ctx.cells
+    follow_up = [*first, *out.tokens("a")[0][:5], 7]
+    engine.add(make_request("b", follow_up, max_tokens=4))
+    run(engine, out)
+    assert out.tokens("b")[0] == expected(follow_up, 0, 4)
+    assert out.last("b").cached_tokens == len(follow_up) - 1
