@@ -5,6 +5,7 @@ loads the wrong cells samples the wrong tokens)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from llama_srb.config import Settings
 from llama_srb.engine.kv import KvBudget, as_tokens
 from llama_srb.engine.tiers import (
     MAGIC,
@@ -403,3 +405,24 @@ def test_a_path_longer_than_the_idle_cells_goes_straight_down_a_tier() -> None:
     run(engine, out)
     assert out.tokens("b")[0] == expected(follow_up, 0, 4)
     assert out.last("b").cached_tokens == len(follow_up) - 1
+
+
+def test_the_tier_settings_and_their_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from llama_srb.cli import add_settings_flags, settings_from_args  # imports the API
+
+    defaults = Settings()
+    assert defaults.cache_ram_bytes(available=16 << 30) == 4 << 30  # a quarter
+    assert defaults.cache_ram_bytes(available=64 << 30) == 8 << 30  # at most 8 GiB
+    assert defaults.cache_ram_bytes(available=None) == 0  # unknown: none
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert defaults.cache_folder() == tmp_path / "llama-srb" / "kv"
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser)
+    flags = ["--cache-ram", "64", "--cache-disk", "0", "--cache-dir", str(tmp_path / "d")]
+    settings = settings_from_args(parser.parse_args(flags))
+    assert settings.cache_ram_bytes(available=16 << 30) == 64 << 20
+    assert settings.cache_disk == 0 and settings.cache_folder() == tmp_path / "d"
+    with pytest.raises(ValueError):
+        Settings(cache_ram=-1)
