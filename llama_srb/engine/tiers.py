@@ -252,10 +252,9 @@ class TierStore:
         self.counters = TierCounters()
         self._clock = itertools.count()
         if disk is not None:
-            for path, tokens, nbytes, _ in disk.index():
-                self._add(
-                    TierEntry(tokens, nbytes, self.floor_for(len(tokens)), Tier.DISK, 0, path=path)
-                )
+            for path, tokens, nbytes, _ in disk.index():  # oldest first: the LRU order
+                floor, used = self.floor_for(len(tokens)), next(self._clock)
+                self._add(TierEntry(tokens, nbytes, floor, Tier.DISK, used, path=path))
             self._fit()
             if self.entries:
                 log.info(
