@@ -39,6 +39,15 @@ def _stamped(target: Path, sha256: str) -> bool:
     )
 
 
+def known_sha256(target: Path) -> str | None:
+    """A bundled model file's checked sha256, from its stamp (None: not stamped)."""
+    try:
+        sha256, size = (_cache_dir() / f"{target.name}.sha256").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return sha256 if target.exists() and size == str(target.stat().st_size) else None
+
+
 def _stamp(target: Path, sha256: str) -> None:
     stamp = _cache_dir() / f"{target.name}.sha256"
     stamp.parent.mkdir(parents=True, exist_ok=True)

@@ -127,6 +127,24 @@ class Settings(BaseSettings):
         " (more while fewer run); max-sequences + reserve-sequences + cache-paths is at most"
         " 256",
     )
+    cache_ram: int | None = Field(
+        None,
+        ge=0,
+        description="MiB of host memory for the KV state of cached paths evicted from the"
+        " live cells (0: none; default: a quarter of the memory available at start, at most"
+        " 8192)",
+    )
+    cache_disk: int = Field(
+        10240,
+        ge=0,
+        description="MiB of disk for the KV state of cached paths, kept across restarts"
+        " (0: no disk tier)",
+    )
+    cache_dir: Path | None = Field(
+        None,
+        description="folder of the disk tier (default: ~/.cache/llama-srb/kv); each model"
+        " file gets its own subfolder",
+    )
     max_n: int = Field(64, ge=1, le=256, description="largest `n` a request may ask for")
     n_batch: int = Field(
         512,
@@ -319,6 +337,19 @@ class Settings(BaseSettings):
             # (docs/benchmarks.md, "Prefix cache"): by default the cache may use every cell.
             return n_ctx
         return min(self.cache_cells, n_ctx)
+
+    def cache_ram_bytes(self, available: int | None) -> int:
+        """--cache-ram in bytes, or its default from the memory `available` at start."""
+        if self.cache_ram is not None:
+            return self.cache_ram << 20
+        return min(8 << 30, (available or 0) // 4)
+
+    def cache_folder(self) -> Path:
+        """--cache-dir, or its default (XDG_CACHE_HOME respected, as for the models)."""
+        if self.cache_dir is not None:
+            return self.cache_dir
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "llama-srb" / "kv"
 
     def reserve_cells_for(self, n_ctx: int) -> int:
         """--reserve-cells, or its default; none without reserve sequences to use them."""

@@ -11,14 +11,17 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import llama_cpp as C
 
+from llama_srb.bundled_model import known_sha256
 from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, Settings, SplitMode, fit_n_ctx
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.share import ShareRules
+from llama_srb.engine.tiers import DiskTier, TierStore, file_sha256
 from llama_srb.native import (
     Context,
     ContextOptions,
@@ -77,6 +80,10 @@ class LoadedEngine:
             return False
         if self.warm_constraints is not None:
             self.warm_constraints.join()
+        try:
+            self.engine.save_cache()
+        except Exception:  # the stories are lost, not the shutdown
+            log.exception("saving the prefix cache failed")
         self.engine.close()
         self.context.close()
         self.model.close()
@@ -104,14 +111,43 @@ def tokens_per_call(settings: Settings) -> int:
     return 0 if offloaded else CPU_TOKENS_PER_CALL
 
 
-def kv_budget(settings: Settings, n_ctx: int) -> KvBudget:
+def kv_budget(settings: Settings, n_ctx: int, tiers: TierStore | None = None) -> KvBudget:
     """The reserve's sequences come on top of --max-sequences (engine/share.py)."""
     return KvBudget(
         settings.max_sequences + settings.reserve_sequences,
         n_ctx,
         cache_paths=settings.cache_paths,
         cache_cells=settings.cache_cells_for(n_ctx),
+        tiers=tiers,
     )
+
+
+def tier_store(settings: Settings, model: Model, path: Path) -> TierStore | None:
+    """The prefix cache's host-memory and disk tiers. A disk file is valid only for what
+    gave its bytes their meaning: the model file, the llama.cpp build, the KV cache's
+    types and the sliding window (positions and sequence ids are the file's own; the
+    context's size and sequence count are not in the bytes)."""
+    if settings.cache_cells == 0:
+        return None
+    disk = None
+    if settings.cache_disk > 0:
+        folder = settings.cache_folder()
+        sha = known_sha256(path) or file_sha256(path, folder / "model-sha256")
+        fingerprint: dict[str, object] = {
+            "model_sha256": sha,
+            "llama_cpp": C.__version__,
+            "kv_types": "f16/f16",
+            "n_swa": model.n_swa,
+        }
+        disk = DiskTier(folder / sha[:16], fingerprint, settings.cache_disk << 20)
+    ram = settings.cache_ram_bytes(available_memory())
+    tiers = TierStore(ram, disk, sliding_window=model.n_swa > 0)
+    log.info(
+        "cache tiers: host memory %d MiB, disk %s",
+        ram >> 20,
+        f"{settings.cache_disk} MiB in {disk.folder}" if disk and disk.enabled else "off",
+    )
+    return tiers
 
 
 def share_rules(settings: Settings, n_ctx: int) -> ShareRules:
@@ -194,7 +230,7 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
     engine = Engine(
         model,
         context,
-        kv_budget(settings, context.n_ctx),
+        kv_budget(settings, context.n_ctx, tier_store(settings, model, path)),
         settings.step_budget,
         tokens_per_call(settings),
         share_rules(settings, context.n_ctx),

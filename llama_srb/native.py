@@ -213,6 +213,7 @@ class Model:
         self.bos: int = C.llama_vocab_bos(self.vocab)
         self.eos: int = C.llama_vocab_eos(self.vocab)
         self.add_bos: bool = C.llama_vocab_get_add_bos(self.vocab)
+        self.n_swa: int = C.llama_model_n_swa(self.ptr)  # sliding-window size; 0: none
         self.eog_tokens: tuple[int, ...] = tuple(
             t for t in range(self.n_vocab) if C.llama_vocab_is_eog(self.vocab, t)
         )
@@ -409,6 +410,39 @@ class Context:
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None:
         if not C.llama_memory_seq_rm(self.memory, seq_id, p0, p1):
             raise NativeError(f"llama_memory_seq_rm({seq_id}, {p0}, {p1}) failed")
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        """The last position `seq_id` holds (-1: none)."""
+        return int(C.llama_memory_seq_pos_max(self.memory, seq_id))
+
+    def state_get(self, seq_id: int) -> bytes:
+        """One sequence's KV cells (positions, then K and V per layer) as bytes. For a
+        sliding-window layer llama.cpp writes only the cells the sequence's last position
+        still sees, so a restored sequence continues from its end, exactly, but cannot be
+        forked from far inside it."""
+        self._check_seq(seq_id)
+        size = C.llama_state_seq_get_size_ext(self.ptr, seq_id, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = C.llama_state_seq_get_data_ext(self.ptr, buf, size, seq_id, 0)
+        if written != size:
+            raise NativeError(f"llama_state_seq_get_data: {written} of {size} bytes")
+        return bytes(buf)
+
+    def state_set(self, seq_id: int, data: bytes) -> bool:
+        """Load `state_get`'s bytes into `seq_id`, which must hold no cells. False when
+        llama.cpp refuses them (another layout, no room): the sequence is then empty."""
+        self._check_seq(seq_id)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        read = C.llama_state_seq_set_data_ext(self.ptr, buf, len(data), seq_id, 0)
+        if read != len(data):
+            self.seq_rm(seq_id)  # a partial read may leave cells behind
+            return False
+        return True
+
+    def _check_seq(self, seq_id: int) -> None:
+        # llama.cpp asserts (aborting the process) on a sequence id out of range.
+        if not 0 <= seq_id < C.llama_n_seq_max(self.ptr):
+            raise NativeError(f"sequence id {seq_id} out of range")
 
 
 class Batch:

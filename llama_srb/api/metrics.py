@@ -157,6 +157,63 @@ class EngineCollector(Collector):
         )
         for name, doc, value in gauges:
             yield GaugeMetricFamily(name, doc, value=value)
+        yield from _tier_metrics(snap)
+
+
+TIERS = ("host", "disk")
+
+
+def _tier_metrics(snap: EngineSnapshot) -> Iterator[Metric]:
+    """The prefix cache's lower tiers (engine/tiers.py), by tier."""
+    if snap.tiers is None:
+        return
+    stats = snap.stats
+    counters = (
+        ("llama_srb_cache_tier_hits", "Cached prefixes restored, by tier", stats.tier_hits),
+        (
+            "llama_srb_cache_tier_tokens_restored",
+            "Prompt tokens restored instead of being read, by tier",
+            stats.tier_tokens_restored,
+        ),
+        (
+            "llama_srb_cache_tier_bytes_restored",
+            "KV state bytes loaded into the live cells, by tier",
+            stats.tier_bytes_restored,
+        ),
+        (
+            "llama_srb_cache_tier_restore_seconds",
+            "Time spent restoring cached prefixes (reading and loading), by tier",
+            stats.tier_restore_seconds,
+        ),
+    )
+    for name, doc, values in counters:
+        family = CounterMetricFamily(name, doc, labels=["tier"])
+        for tier in TIERS:
+            family.add_metric([tier], values.get(tier, 0))
+        yield family
+    held = snap.tiers
+    entries = GaugeMetricFamily(
+        "llama_srb_cache_tier_entries", "Cached paths held, by tier", labels=["tier"]
+    )
+    nbytes = GaugeMetricFamily(
+        "llama_srb_cache_tier_bytes", "KV state bytes held, by tier", labels=["tier"]
+    )
+    for kind, count in held.entries.items():
+        entries.add_metric([kind.value], count)
+        nbytes.add_metric([kind.value], held.bytes_held[kind])
+    yield entries
+    yield nbytes
+    yield CounterMetricFamily(
+        "llama_srb_cache_tier_saves", "Cached paths copied down to the tiers", value=held.saves
+    )
+    yield CounterMetricFamily(
+        "llama_srb_cache_tier_bytes_saved", "KV state bytes copied down", value=held.bytes_saved
+    )
+    yield CounterMetricFamily(
+        "llama_srb_cache_tier_restore_failures",
+        "Tier entries that did not load (those prompts were read instead)",
+        value=stats.tier_restore_failures,
+    )
 
 
 class WatchdogCollector(Collector):

@@ -25,7 +25,7 @@ class Vocabulary(Protocol):
 
 class DecodeContext(Protocol):
     """One context with a unified KV cache: decode a batch, read its logits, and tag or
-    drop cells by sequence id."""
+    drop cells by sequence id, and save or load one sequence's cells."""
 
     @property
     def n_ctx(self) -> int: ...
@@ -47,3 +47,13 @@ class DecodeContext(Protocol):
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...
+
+    def seq_pos_max(self, seq_id: int) -> int: ...
+
+    def state_get(self, seq_id: int) -> bytes:
+        """A sequence's cells as bytes (raises NativeError)."""
+        ...
+
+    def state_set(self, seq_id: int, data: bytes) -> bool:
+        """Load `state_get`'s bytes into an empty sequence; False (still empty) if refused."""
+        ...

@@ -20,13 +20,14 @@ import numpy.typing as npt
 
 from llama_srb.engine.branch_step import BranchStep, scores_of
 from llama_srb.engine.context import DecodeContext, Vocabulary
-from llama_srb.engine.kv import KvBudget, KvOp, Shortage
+from llama_srb.engine.kv import KvBudget, KvOp, KvRestore, KvSave, Shortage
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason, RequestOutput
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.scheduler import DecodeCall, PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.stats import EngineSnapshot, EngineStats
+from llama_srb.engine.tier_io import TierIO
 from llama_srb.engine.watch import StepWatch
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Row, column_maxima
@@ -63,6 +64,7 @@ class Engine:
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
         self.branch_step = BranchStep(model.eog_tokens, self._masks)
+        self.tier_io = TierIO(ctx, budget.tiers, self.stats)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
     def close(self) -> None:
@@ -113,7 +115,8 @@ class Engine:
         started, decoding = time.perf_counter(), self.stats.decode_seconds
         plan = self.scheduler.schedule()
         self._observe_admission(plan)
-        self._apply(plan.kv_ops)
+        for seq_id in self._apply(plan.kv_ops):
+            self.scheduler.restore_failed(plan, seq_id)
         outputs = [self._output(request, [], admitted=True) for request in plan.admitted]
         if not plan.empty:
             self.watch.begin(r.request_id for r in plan.requests)
@@ -172,6 +175,7 @@ class Engine:
             kv_cells_used=budget.cells_used,
             kv_cells_cached=budget.cache.cells(),
             kv_cells_total=budget.n_cells,
+            tiers=budget.tiers.counters.copy() if budget.tiers is not None else None,
         )
 
     def _decode(self, call: DecodeCall) -> tuple[list[int], float]:
@@ -367,12 +371,33 @@ class Engine:
         output.prompt_processed = chunk.end
         return output
 
-    def _apply(self, ops: Iterable[KvOp]) -> None:
+    def _apply(self, ops: Iterable[KvOp]) -> list[int]:
+        """Apply KV changes in order; returns the sequences whose restore failed (emptied:
+        their requests read the prompt instead)."""
+        failed: list[int] = []
         for op in ops:
-            if op.is_remove:
+            if isinstance(op, KvSave):
+                self.tier_io.save(op)
+            elif isinstance(op, KvRestore):
+                if not self.tier_io.restore(op):
+                    failed.append(op.dst)
+            elif op.is_remove:
                 self.ctx.seq_rm(op.dst, op.p0, op.p1)
             else:
                 self.ctx.seq_cp(op.src, op.dst, op.p0, op.p1)
+        for seq_id in failed:  # and whatever was copied after the failed restore
+            self.ctx.seq_rm(seq_id)
+        return failed
+
+    def save_cache(self) -> None:
+        """Copy every cached path down to the tiers and write them to disk: at shutdown,
+        once the engine thread has stopped, so that the stories survive a restart."""
+        budget = self.scheduler.budget
+        if budget.tiers is None:
+            return
+        for path in budget.cache.paths:
+            self.tier_io.save(budget.cache.save_op(path))
+        budget.tiers.flush()
 
     @staticmethod
     def _pos(request: Request, branch: Branch) -> int:

@@ -19,7 +19,15 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 
-from llama_srb.engine.kv import MIN_SHARED_TOKENS, Grant, KvBudget, KvOp, Shortage, common_prefix
+from llama_srb.engine.kv import (
+    MIN_SHARED_TOKENS,
+    Grant,
+    KvBudget,
+    KvOp,
+    KvRestore,
+    Shortage,
+    common_prefix,
+)
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus
@@ -256,13 +264,15 @@ class Scheduler:
                 break
             if other.status is RequestStatus.PREFILLING:
                 holder, held = other.primary.seq_id, other.n_prefilled
+                if any(isinstance(op, KvRestore) and op.dst == holder for op in ops):
+                    held = 0  # its cells arrive with this step's restore, if it works
             elif other.live:
                 holder, held = other.live[0].seq_id, other.prompt_len
             else:
                 continue
             common = min(common_prefix(request.prompt, other.prompt), limit)
-            if common < MIN_SHARED_TOKENS:
-                continue  # a BOS or a few tokens: not worth waiting a step for
+            if common < max(MIN_SHARED_TOKENS, self.budget.fork_floor(other)):
+                continue  # a BOS or a few tokens (or inside restored cells): compute
             if min(common, held) > best:
                 best, source = min(common, held), holder
             if other.status is RequestStatus.PREFILLING:
@@ -272,6 +282,16 @@ class Scheduler:
             request.n_cached += best - request.n_prefilled
             request.n_prefilled = best
         return promised > request.n_prefilled
+
+    def restore_failed(self, plan: StepPlan, seq_id: int) -> None:
+        """The tier's bytes for the request whose first sequence is `seq_id` did not load:
+        it reads its whole prompt, from the next step on."""
+        for request in self.running:
+            if request.primary.seq_id == seq_id and request.status is RequestStatus.PREFILLING:
+                request.n_prefilled = request.n_cached = 0
+                self.budget.restore_failed(request)
+                plan.prefill = [c for c in plan.prefill if c.request is not request]
+                return
 
     # -- after the decode: statuses and releases ---------------------------------------
 

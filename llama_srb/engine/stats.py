@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from llama_srb.engine.histogram import GAP_BUCKETS, HOST_BUCKETS, WAIT_BUCKETS, Histogram
+from llama_srb.engine.tiers import TierCounters
 
 
 @dataclass
@@ -28,11 +29,22 @@ class EngineStats:
     # Steps whose head-of-queue request waited, by what it lacked.
     steps_short_of_sequences: int = 0
     steps_short_of_cells: int = 0
+    # The prefix cache's lower tiers (engine/tiers.py), by tier name ("host", "disk").
+    tier_hits: dict[str, int] = field(default_factory=dict)  # restores that worked
+    tier_tokens_restored: dict[str, int] = field(default_factory=dict)
+    tier_bytes_restored: dict[str, int] = field(default_factory=dict)
+    tier_restore_seconds: dict[str, float] = field(default_factory=dict)
+    tier_restore_failures: int = 0  # entries that did not load: those prompts were read
+    tier_save_seconds: float = 0.0  # copying cached paths down
 
     def copy(self) -> EngineStats:
-        """A copy whose histograms the engine thread will not change."""
+        """A copy whose histograms and tallies the engine thread will not change."""
         return replace(
             self,
+            tier_hits=dict(self.tier_hits),
+            tier_tokens_restored=dict(self.tier_tokens_restored),
+            tier_bytes_restored=dict(self.tier_bytes_restored),
+            tier_restore_seconds=dict(self.tier_restore_seconds),
             decode_step_seconds=self.decode_step_seconds.copy(),
             host_step_seconds=self.host_step_seconds.copy(),
             token_gap_seconds=self.token_gap_seconds.copy(),
@@ -54,3 +66,4 @@ class EngineSnapshot:
     kv_cells_used: int = 0
     kv_cells_cached: int = 0
     kv_cells_total: int = 0
+    tiers: TierCounters | None = None  # what the lower tiers hold (None: no tiers)

@@ -47,15 +47,18 @@ def run_server(
     port: int | None = None,
     checkout: Path | None = None,
 ) -> Iterator[RunningServer]:
-    """The server on `port` (default: a free one). Its story library is in `tmp_dir`
-    unless `args` name a --data-dir: a test never writes the user's own. `checkout`:
+    """The server on `port` (default: a free one). Its story library and its disk cache
+    tier are in `tmp_dir` unless `args` name a --data-dir or a --cache-dir: a test never
+    writes the user's own. `checkout`:
     run that llama-srb source tree's server instead of this one (a benchmark's before)."""
     port = port or free_port()
     log_path = tmp_dir / f"server-{port}.log"
-    data = ["--data-dir", str(tmp_dir / "data")]
-    if "--data-dir" in args or checkout is not None:  # an older checkout may not know it
-        data = []
-    cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *data, *args]
+    own = []  # the story library and the disk cache tier: never the user's own
+    if "--data-dir" not in args and checkout is None:  # an older checkout may not know it
+        own += ["--data-dir", str(tmp_dir / "data")]
+    if "--cache-dir" not in args and checkout is None:
+        own += ["--cache-dir", str(tmp_dir / f"kv-{port}")]
+    cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *own, *args]
     base_url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

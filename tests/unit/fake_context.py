@@ -22,6 +22,7 @@ from llama_srb.engine.outputs import RequestOutput, RequestTimes
 from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.spec import RequestSpec
+from llama_srb.engine.tiers import TierStore
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.params import SamplingParams
@@ -115,6 +116,7 @@ class FakeContext:
         self.fail_next: int | None = None  # a DecodeError code for the next decode
         self.decoded = 0  # tokens computed by all decodes
         self.calls = 0  # decodes
+        self.refuse_state = False  # state_set fails, as llama.cpp on bytes it cannot read
 
     def warm_up(self, token: int) -> None:
         # llama.cpp aborts the process on a token outside the vocabulary.
@@ -159,6 +161,21 @@ class FakeContext:
             if (seq_id < 0 or seq_id in cell.seqs) and lo <= cell.pos < hi:
                 cell.seqs.discard(seq_id)
         self.cells = [c for c in self.cells if c.seqs]
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return len(self.held(seq_id)) - 1
+
+    def state_get(self, seq_id: int) -> bytes:
+        """A sequence's tokens, as llama.cpp's state holds its cells (`refuse` fails it)."""
+        return np.asarray(self.held(seq_id), np.int32).tobytes()
+
+    def state_set(self, seq_id: int, data: bytes) -> bool:
+        assert not self.held(seq_id), f"restore into seq {seq_id}, which holds cells"
+        if self.refuse_state or len(self.cells) + len(data) // 4 > self.n_ctx:
+            return False
+        tokens = np.frombuffer(data, np.int32)
+        self.cells += [Cell(pos, int(t), {seq_id}) for pos, t in enumerate(tokens)]
+        return True
 
     def held(self, seq: int) -> list[int]:
         """The tokens `seq` holds, by position; they must be 0..n-1 without a gap."""
@@ -245,11 +262,13 @@ def make_engine(
     table: Table = ranking,
     tokens_per_call: int = 0,
     share: ShareRules | None = None,
+    tiers: TierStore | None = None,
 ) -> tuple[Engine, FakeContext]:
     """An engine over a fake context; the prefix cache may use every cell by default.
     `max_live` counts large requests' sequences; `share`'s reserve comes on top."""
     live = max_live + (share.reserve_sequences if share else 0)
-    budget = KvBudget(live, n_ctx, cache_paths, n_ctx if cache_cells is None else cache_cells)
+    cells = n_ctx if cache_cells is None else cache_cells
+    budget = KvBudget(live, n_ctx, cache_paths, cells, tiers)
     ctx = FakeContext(n_ctx, n_batch, budget.n_seq, table)
     engine = Engine(FakeModel(), ctx, budget, tokens_per_call=tokens_per_call, share=share)
     return engine, ctx

@@ -7,6 +7,7 @@ import random
 from llama_srb.config import MIN_AUTO_N_CTX, fit_n_ctx
 from llama_srb.engine.kv import (
     MIN_SHARED_TOKENS,
+    NO_MATCH,
     KvBudget,
     KvOp,
     PrefixCache,
@@ -125,7 +126,7 @@ def test_the_last_prompt_token_is_always_decoded_again() -> None:
     budget = KvBudget(max_live=2, n_cells=100, cache_paths=2, cache_cells=100)
     story = [BOS, *text(40)]
     budget.cache.park(5, story)
-    _, shared = budget.match(make("x", story))
+    shared = budget.match(make("x", story)).shared
     assert shared == len(story) - 1
 
 
@@ -175,7 +176,7 @@ def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
     run(budget, make("long", long_story), [text(8)])
     prompt = [BOS, *text(94)]  # shares only the BOS token with the cached story
     first = make("new", prompt, max_tokens=8)
-    assert budget.match(first) == (None, 0)
+    assert budget.match(first) == NO_MATCH
     admit(budget, first)
     assert first.n_cached == 0 and not any(p.pins for p in budget.cache.paths)
     budget.release_sequence(first, first.primary.seq_id, prompt + text(8))
@@ -183,7 +184,7 @@ def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
     again = run(budget, make("again", prompt, max_tokens=8))
     assert again.n_cached == len(prompt) - 1  # cached on its second try
     assert len(budget.cache.paths) == 2  # and the long story is still there
-    assert budget.match(make("x", [BOS, *text(MIN_SHARED_TOKENS)])) == (None, 0)
+    assert budget.match(make("x", [BOS, *text(MIN_SHARED_TOKENS)])) == NO_MATCH
 
 
 def test_parking_does_not_evict_the_parked_path_for_an_unrelated_pinned_one() -> None:
