@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from llama_srb.engine.tiers import MAGIC, SUFFIX
-from tests.support.server import RunningServer, run_server
 from tests.integration.bundled import GEMMA, SMOLLM2
+from tests.support.server import RunningServer, run_server
 
 CHAPTER = (
     " The rain had not stopped for three days when Ilse found the letter under the"
