@@ -16,7 +16,7 @@ docs/sampling.md:
   needs every candidate (typical, top-n-sigma, XTC, mirostat, dynamic temperature), none:
   then llama.cpp's chain runs from it over the whole vocabulary, as before;
 - the finish: llama.cpp's own samplers after the cut, and the pick, over its survivors.
-A grammar runs the whole chain through llama.cpp's grammar sampler (sampling/grammar.py).
+A grammar's mask (llguidance, sampling/masks.py) is applied to the row before all of it.
 """
 
 from __future__ import annotations
