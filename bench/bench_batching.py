@@ -75,6 +75,11 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        help="run an older llama-srb checkout's server (a before/after sitting)",
+    )
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
 
@@ -83,7 +88,10 @@ def main() -> None:
     prompt_text = make_prompt(raw.model, args.prompt_tokens)
     rows = []
     server_args = ("--model", args.model)
-    with tempfile.TemporaryDirectory() as tmp, run_server(Path(tmp), *server_args) as server:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        run_server(Path(tmp), *server_args, checkout=args.checkout) as server,
+    ):
         client = httpx.Client(timeout=600)
 
         def request(n: int, seed: int) -> None:

@@ -120,9 +120,11 @@ class Client:
 
 
 @contextmanager
-def server(tmp: Path, model: str, n_ctx: int | None) -> Iterator[tuple[RunningServer, Client]]:
+def server(
+    tmp: Path, model: str, n_ctx: int | None, checkout: Path | None = None
+) -> Iterator[tuple[RunningServer, Client]]:
     args = ["--model", model, *(["--n-ctx", str(n_ctx)] if n_ctx else [])]
-    with run_server(tmp, *args) as running:
+    with run_server(tmp, *args, checkout=checkout) as running:
         client = Client(running)
         client.complete("warm-up", 1, 4)
         yield running, client
@@ -316,6 +318,11 @@ def print_tax(rows: list[TaxRow]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="swipes,walks,writers,tax")
+    parser.add_argument(
+        "--checkout",
+        type=Path,
+        help="run an older llama-srb checkout's server (a before/after sitting)",
+    )
     parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
     parser.add_argument("--n-ctx", type=int, default=None, help="default: the server's own")
     parser.add_argument("--new-tokens", type=int, default=48, help="per branch, walks/writers")
@@ -333,20 +340,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         if "swipes" in parts:
-            with server(tmp, args.model, args.n_ctx) as (_, client):
+            with server(tmp, args.model, args.n_ctx, args.checkout) as (_, client):
                 one_n8, eight_n1 = swipes(client, args.swipe_tokens)
             printers.append(lambda: print_swipes(one_n8, eight_n1, args.swipe_tokens))
         if "walks" in parts:
-            with server(tmp, args.model, args.n_ctx) as (_, client):
+            with server(tmp, args.model, args.n_ctx, args.checkout) as (_, client):
                 sizes = args.walk_words.split(",")
                 walk_tables = walks(client, sizes, args.end_fraction, args.new_tokens)
             printers.append(lambda: print_walks(walk_tables, args.new_tokens))
         if "writers" in parts:
-            with server(tmp, args.model, args.n_ctx) as (_, client):
+            with server(tmp, args.model, args.n_ctx, args.checkout) as (_, client):
                 turns = writers(client, args.writers, args.writer_words, args.new_tokens)
             printers.append(lambda: print_writers(turns, args.writer_words, args.new_tokens))
         if "tax" in parts:
-            with server(tmp, args.model, args.n_ctx) as (running, client):
+            with server(tmp, args.model, args.n_ctx, args.checkout) as (running, client):
                 stories = [int(x) for x in args.tax_stories.split(",")]
                 tax = cache_tax(running, client, stories, args.tax_repeat)
             printers.append(lambda: print_tax(tax))
