@@ -38,7 +38,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_srb.bundled_model import bundled_model_path
-from tests.support.processes import running
+from tests.support.processes import healthy, running
 from tests.support.server import free_port, run_server
 
 LLAMA_SERVER = Path.home() / ".cache/llama-srb/llama-tools-0.3.36/bin/llama-server"
@@ -136,13 +136,7 @@ def llama_server(tmp: Path, binary: Path, slots: int, ctx: int) -> Iterator[str]
     ]
     base = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{base}/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    with running(cmd, tmp / f"llama-server-{port}.log", ready, timeout=120):
+    with running(cmd, tmp / f"llama-server-{port}.log", healthy(base), timeout=120):
         yield base
 
 

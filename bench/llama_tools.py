@@ -17,9 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from tests.support.processes import running
+from tests.support.processes import healthy, running
 from tests.support.server import RunningServer, free_port
 
 TOOLS = Path.home() / ".cache/llama-srb/llama-tools-0.3.36/bin"
@@ -55,13 +53,7 @@ def llama_server(
     ]
     base = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{base}/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    with running(cmd, log_dir / f"llama-server-{port}.log", ready, timeout=120):
+    with running(cmd, log_dir / f"llama-server-{port}.log", healthy(base), timeout=120):
         yield base
 
 

@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 
 @dataclass
 class HttpProcess:
@@ -67,6 +69,18 @@ def running(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def healthy(base_url: str) -> Callable[[], bool]:
+    """A `ready` check: the server's /health answers 200."""
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    return ready
 
 
 def _tail(log_path: Path, chars: int = 20_000) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.processes import HttpProcess, free_port, running
+from tests.support.processes import HttpProcess, free_port, healthy, running
 
 
 class RunningServer(HttpProcess):
@@ -61,14 +61,8 @@ def run_server(
     cmd = [sys.executable, "-m", "llama_srb.cli", "serve", "--port", str(port), *own, *args]
     base_url = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        try:
-            return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
     env = {**os.environ, **(env or {})}
     if checkout is not None:  # `python -m` finds the package in its working directory first
         env["PYTHONPATH"] = str(checkout)
-    with running(cmd, log_path, ready, timeout=120, env=env, cwd=checkout) as process:
+    with running(cmd, log_path, healthy(base_url), timeout=120, env=env, cwd=checkout) as process:
         yield RunningServer(base_url, process, log_path)
