@@ -30,7 +30,7 @@ from llama_srb.engine.stats import EngineSnapshot, EngineStats
 from llama_srb.engine.tier_io import TierIO
 from llama_srb.engine.watch import StepWatch
 from llama_srb.native import Batch, DecodeError
-from llama_srb.sampling.cut import Row, column_maxima
+from llama_srb.sampling.cut import Row
 from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.masks import Bitmask, MaskBatch
 
@@ -235,15 +235,15 @@ class Engine:
         self, call: DecodeCall, chunk_rows: list[int], sampled: Sampled
     ) -> tuple[list[tuple[Request, str]], list[KvOp]]:
         """Every branch with logits in this call samples its next token; per request, in
-        plan order, the deltas of its branches join `sampled`. The rows are read once for
-        all of them, into their column maxima (sampling/cut.py), and the grammars' masks
+        plan order, the deltas of its branches join `sampled`. Each row is read into its
+        column maxima (sampling/cut.py) just before its branches sample from it, while
+        it is in the core's cache for the columns they read next; the grammars' masks
         are computed for all of them in one call. Returns the requests whose grammar
         failed (a limit of its work per token), to end with their error, and the KV
         changes the branches' rewinds need."""
         logits = self.ctx.logits()
         if not len(logits):
             return [], []
-        maxima = column_maxima(logits)
         forks = [
             (chunk.request, last)
             for chunk, last in zip(call.prefill, chunk_rows, strict=True)
@@ -272,7 +272,7 @@ class Engine:
             if id(request) in broken:
                 continue
             self.stats.prompt_tokens_cached += request.n_cached
-            row = Row(logits[last], maxima[last])
+            row = Row(logits[last])
             step.fork(request, row)
             scores = scores_of(request, row)
             # distinct_openings: each branch's first token is one no earlier one drew
@@ -281,7 +281,7 @@ class Engine:
                 next_delta(request, branch, row, scores, taken)
         for i, (request, branch) in enumerate(call.decode):
             if id(request) not in broken:
-                row = Row(logits[i], maxima[i])
+                row = Row(logits[i])
                 next_delta(request, branch, row, scores_of(request, row), None)
         return list(broken.values()), rewinds
 

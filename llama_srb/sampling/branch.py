@@ -3,9 +3,8 @@
 of it: per-branch settings (`choices_params`), taking tokens back (a banned phrase began
 there), and a first token that no earlier branch of the request drew (`distinct_openings`).
 
-Per token, a branch reads its row once, through the column maxima the engine computed for
-the whole step (sampling/cut.py); llama.cpp's samplers see only the few tokens the head can
-change and the cut's survivors. With a grammar (sampling/constraint.py), the tokens it
+Per token, a branch reads its row once, into its column maxima (sampling/cut.py);
+llama.cpp's samplers see only the few tokens the head can change and the cut's survivors. With a grammar (sampling/constraint.py), the tokens it
 does not allow are masked first, from the masks the engine computed for the whole step.
 """
 
@@ -56,8 +55,11 @@ class Candidates:
 
     def __init__(self) -> None:
         self._data = np.empty(0, TOKEN_DATA)
+        self._base = self._data.ctypes.data
         self._array = C.llama_token_data_array()
         self._ref = ctypes.byref(self._array)
+        # its first field, `data`, read and written as a number
+        self._pointer = ctypes.c_void_p.from_buffer(self._array)
 
     def run(
         self, chain: SamplerChain, ids: npt.NDArray[Any], logits: Vector, ordered: bool = True
@@ -66,18 +68,21 @@ class Candidates:
         `ordered`: its pick (-1 if it has none) and the candidates that survive its
         filters (valid until the next run)."""
         n = len(ids)
-        data = self._data if n <= len(self._data) else np.empty(n, TOKEN_DATA)
-        if len(data) > len(self._data) and n <= self.REUSED:
-            self._data = data
+        if n <= len(self._data):
+            data, base = self._data, self._base
+        else:
+            data = np.empty(n, TOKEN_DATA)
+            base = data.ctypes.data
+            if n <= self.REUSED:
+                self._data, self._base = data, base
         data = data[:n]
         data["id"], data["logit"], data["p"] = ids, logits, 0.0
         array = self._array
-        array.data = data.ctypes.data_as(C.llama_token_data_p)  # type: ignore[assignment]
+        self._pointer.value = base
         array.size, array.selected, array.sorted = n, -1, ordered
         C.llama_sampler_apply(chain.ptr, self._ref)
         # Filters may move the array's start (XTC drops the top) as well as shorten it.
-        address = ctypes.cast(array.data, ctypes.c_void_p).value or 0
-        start = (address - data.ctypes.data) // TOKEN_DATA.itemsize
+        start = ((self._pointer.value or 0) - base) // TOKEN_DATA.itemsize
         survivors = data[start : start + array.size]
         token = int(survivors["id"][array.selected]) if array.selected >= 0 else -1
         return token, survivors
@@ -207,9 +212,10 @@ class BranchSampler:
             parts.append(self._window.ids())
         if not parts:
             return
-        # `forbidden` comes sorted and distinct; anything else is made so
-        only_forbidden = len(parts) == 1 and parts[0] is forbidden
-        ids = parts[0] if only_forbidden else np.unique(np.concatenate(parts))
+        if len(parts) == 1 and parts[0] is forbidden:  # sorted and distinct, all masked
+            row.patch(forbidden, np.full(len(forbidden), -np.inf, np.float32))
+            return
+        ids = np.unique(np.concatenate(parts))
         if not len(ids):
             return
         values = row.logits[ids]
