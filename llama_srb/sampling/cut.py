@@ -121,9 +121,7 @@ class Row:
 
     def top_columns(self, m: int) -> Ids:
         """The m columns with the largest maxima."""
-        if m >= self.n_cols:
-            return np.arange(self.n_cols)
-        return np.argpartition(self.colmax, -m)[-m:]
+        return largest(self.colmax, m)
 
     def outside(self, cols: Ids) -> float:
         """The largest logit outside columns `cols`: a bound."""
@@ -151,8 +149,7 @@ class Row:
         cols = self.top_columns(k)
         read = self.grid[:, cols]
         values = read.ravel()
-        flat = np.argpartition(values, -k)[-k:] if k < len(values) else np.arange(len(values))
-        return Cut(self.ids(cols, flat), values[flat], cols, read)
+        return Cut(self.ids(cols, flat := largest(values, k)), values[flat], cols, read)
 
     def mass_bounds(
         self, cols: Ids, read: npt.NDArray[np.float32], top: float, scale: float
@@ -223,6 +220,20 @@ def top_p(
     if exact > cumulative[-1]:
         return None  # beyond the tokens read
     return _prefix(ids, values, cumulative, exact)
+
+
+def largest(values: Vector, k: int) -> npt.NDArray[np.intp]:
+    """The positions of the k largest `values`; -inf ones (a grammar's refusals) fill it
+    when fewer are finite. Ties at -inf make a partition several times slower: they are
+    left out of it."""
+    if k >= len(values):
+        return np.arange(len(values))
+    if values.min() > -np.inf:
+        return np.argpartition(values, -k)[-k:]
+    finite = np.flatnonzero(values > -np.inf)
+    if len(finite) <= k:
+        return np.concatenate([finite, np.flatnonzero(values == -np.inf)[: k - len(finite)]])
+    return finite[np.argpartition(values[finite], -k)[-k:]]
 
 
 def _prefix(

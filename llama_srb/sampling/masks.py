@@ -49,8 +49,29 @@ def allowed(mask: Bitmask, n_vocab: int) -> npt.NDArray[np.bool_]:
 
 
 def apply_mask(logits: npt.NDArray[np.float32], mask: Bitmask) -> None:
-    """Set the logits of the tokens `mask` forbids to -inf, in place."""
-    np.copyto(logits, _NEG_INF, where=~allowed(mask, len(logits)))
+    """Set the logits of the tokens `mask` forbids to -inf, in place. A JSON or grammar
+    mask is mostly whole words (32 tokens all allowed or all refused): when it is, the
+    row is handled 32 tokens at a time, only its mixed words bit by bit, and only the
+    fewer side is written (the refused words, or the allowed ones after one fill)."""
+    n_vocab = len(logits)
+    allow_all, refuse_all = mask == -1, mask == 0
+    mixed = np.flatnonzero(~(allow_all | refuse_all))
+    if n_vocab % 32 or len(mixed) * 8 > len(mask):  # scattered: bit by bit, the whole row
+        np.copyto(logits, _NEG_INF, where=~allowed(mask, n_vocab))
+        return
+    words = logits.reshape(-1, 32)
+    block = words[mixed]
+    block[np.unpackbits(mask[mixed].view(np.uint8), bitorder="little").reshape(-1, 32) == 0] = (
+        _NEG_INF
+    )
+    if np.count_nonzero(allow_all) < np.count_nonzero(refuse_all):
+        kept = np.flatnonzero(allow_all)
+        saved = words[kept]
+        logits.fill(_NEG_INF)
+        words[kept] = saved
+    else:
+        words[refuse_all] = _NEG_INF
+    words[mixed] = block
 
 
 def allowed_tokens(mask: Bitmask, n_vocab: int) -> npt.NDArray[np.intp]:
