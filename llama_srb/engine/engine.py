@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -349,7 +348,7 @@ class Engine:
         # A deterministic request decodes one branch for all its choices (engine/spec.py).
         copies = request.spec.n_choices if request.n_branches < request.spec.n_choices else 1
         if copies > 1:
-            choices = [replace(delta, index=i) for delta in choices for i in range(copies)]
+            choices = [delta.for_choice(i) for delta in choices for i in range(copies)]
         return RequestOutput(
             request_id=request.request_id,
             choices=choices,
