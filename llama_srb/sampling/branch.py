@@ -4,8 +4,9 @@ of it: per-branch settings (`choices_params`), taking tokens back (a banned phra
 there), and a first token that no earlier branch of the request drew (`distinct_openings`).
 
 Per token, a branch reads its row once, into its column maxima (sampling/cut.py);
-llama.cpp's samplers see only the few tokens the head can change and the cut's survivors. With a grammar (sampling/constraint.py), the tokens it
-does not allow are masked first, from the masks the engine computed for the whole step.
+llama.cpp's samplers see only the few tokens the head can change and the cut's survivors.
+With a grammar (sampling/constraint.py), the tokens it does not allow are masked first,
+from the masks the engine computed for the whole step.
 """
 
 from __future__ import annotations

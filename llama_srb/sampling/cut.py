@@ -14,7 +14,8 @@ the chain in llama.cpp (sampling/branch.py), so every later sampler is llama.cpp
 What needs the distribution's normalizer (top-p first, a draw from every token) brackets
 it between a lower bound (the columns read exactly, one token for each other column) and
 an upper bound (each other column as 64 copies of its maximum); only when the bracket
-cannot decide is every token's exp() summed.
+cannot decide is every token's exp() summed. A top-p with a min-p or top-k right after it
+is most often decided by the lower bound alone: that cap's tokens hold less than p.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ Vector = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 
 MAX_GRID_ROWS = 64  # tokens per column: the column maxima are a 64th of the row
-# Columns read beside a cut's own when top-p needs its normalizer: with 32 the bracket
+# Columns a top-p without a cap after it reads for its normalizer: with 32 the bracket
 # decides 86% of the default model's rows (with none 71%, with 128 90%); summing every
 # token's exp() costs about ten reads of 32 columns, so more would not pay.
 NORMALIZER_COLUMNS = 32
