@@ -15,7 +15,9 @@ What needs the distribution's normalizer (top-p first, a draw from every token) 
 it between a lower bound (the columns read exactly, one token for each other column) and
 an upper bound (each other column as 64 copies of its maximum); only when the bracket
 cannot decide is every token's exp() summed. A top-p with a min-p or top-k right after it
-is most often decided by the lower bound alone: that cap's tokens hold less than p.
+brackets from that cap's columns first (most often its tokens hold less than p of even the
+lower bound; when the model is sure of its next token, the upper bound keeps only it), then
+with 32 columns more.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ Vector = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 
 MAX_GRID_ROWS = 64  # tokens per column: the column maxima are a 64th of the row
-# Columns a top-p without a cap after it reads for its normalizer: with 32 the bracket
-# decides 86% of the default model's rows (with none 71%, with 128 90%); summing every
-# token's exp() costs about ten reads of 32 columns, so more would not pay.
+# Columns read for top-p's normalizer beside its own (or its cap's, when those could not
+# decide it): with 32 the bracket decides 86% of the default model's rows without a cap
+# (with none 71%, with 128 90%); summing every token's exp() costs about ten reads of 32
+# columns, so more would not pay.
 NORMALIZER_COLUMNS = 32
 # The relative rounding of a float32 exp() and pairwise sum over a row is below 1e-6: the
 # normalizer's bounds are widened by ten times that, so they stay bounds.
@@ -197,30 +200,45 @@ def top_p(
     survivors of the prefix cut that follows it (min-p or top-k: a top of the same
     order), both at once: the shorter of the two. None when the columns read cannot
     decide it (a cut deep in the tail without a cap): llama.cpp's own top-p then runs."""
-    top = row.max
+    top, capped = row.max, cap is not None
     if cap is not None:
+        cols, read = cap.cols, cap.read
         ids, values = _most_likely_first(cap.ids, cap.values)
-        cumulative = _cumulative(values, top, scale)
-        # Most often the cap is the shorter: its tokens hold less than p of even the
-        # normalizer's lower bound, read from its own columns. Otherwise top-p ends among
-        # them, and where needs the normalizer itself: reading more columns first decided
-        # none of 1,536 such cases on the default model's rows.
-        if cumulative[-1] < p * row.mass_bounds(cap.cols, cap.read, top, scale)[0]:
-            return ids, values
-        return _prefix(ids, values, cumulative, p * row.mass(top, scale))
-    cols = row.top_columns(NORMALIZER_COLUMNS)
-    read = row.grid[:, cols]
-    flat = np.flatnonzero(read.ravel() > row.outside(cols))  # a prefix of the whole order
-    ids, values = _most_likely_first(row.ids(cols, flat), read.ravel()[flat])
+    else:
+        cols = row.top_columns(NORMALIZER_COLUMNS)
+        read = row.grid[:, cols]
+        flat = np.flatnonzero(read.ravel() > row.outside(cols))  # a prefix of the whole order
+        ids, values = _most_likely_first(row.ids(cols, flat), read.ravel()[flat])
     cumulative = _cumulative(values, top, scale)
-    low, high = row.mass_bounds(cols, read, top, scale)
+    kept = _kept(cumulative, p, *row.mass_bounds(cols, read, top, scale), capped)
+    if kept is None and cap is not None:  # the cap's columns could not decide: more beside
+        wider = _beside(row, cap, NORMALIZER_COLUMNS)
+        kept = _kept(cumulative, p, *row.mass_bounds(*wider, top, scale), capped)
+    if kept is None:
+        mass = row.mass(top, scale)
+        kept = _kept(cumulative, p, mass, mass, capped)
+    return None if kept is None else (ids[:kept], values[:kept])
+
+
+def _beside(row: Row, cap: Cut, m: int) -> tuple[Ids, npt.NDArray[np.float32]]:
+    """The cap's columns and, read beside them, the m of largest maxima."""
+    extra = row.top_columns(m)
+    new = extra[~np.isin(extra, cap.cols)]
+    return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.grid[:, new]], axis=1)
+
+
+def _kept(
+    cumulative: npt.NDArray[np.float64], p: float, low: float, high: float, capped: bool
+) -> int | None:
+    """How many tokens top-p keeps when the normalizer's bounds [low, high] decide it: the
+    same token ends its mass >= p under both, or (`capped`) the cap holds less than p
+    under the lower one, so the cap is shorter."""
     first, last = np.searchsorted(cumulative, [p * low, p * high])
     if first == last < len(cumulative):
-        return ids[: first + 1], values[: first + 1]
-    exact = p * row.mass(top, scale)
-    if exact > cumulative[-1]:
-        return None  # beyond the tokens read
-    return _prefix(ids, values, cumulative, exact)
+        return int(first) + 1
+    if capped and first == len(cumulative):
+        return int(first)
+    return None
 
 
 def largest(values: Vector, k: int) -> npt.NDArray[np.intp]:
@@ -235,14 +253,6 @@ def largest(values: Vector, k: int) -> npt.NDArray[np.intp]:
     if len(finite) <= k:
         return np.concatenate([finite, np.flatnonzero(values == -np.inf)[: k - len(finite)]])
     return finite[np.argpartition(values[finite], -k)[-k:]]
-
-
-def _prefix(
-    ids: Ids, values: Vector, cumulative: npt.NDArray[np.float64], mass: float
-) -> tuple[Ids, Vector]:
-    """The shortest prefix whose probability mass reaches `mass`, or all of them."""
-    kept = min(int(np.searchsorted(cumulative, mass)) + 1, len(ids))
-    return ids[:kept], values[:kept]
 
 
 def _shifted(values: npt.NDArray[np.float32], top: float, scale: float) -> Vector:

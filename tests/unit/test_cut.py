@@ -84,6 +84,22 @@ def test_top_p_with_a_cap_always_decides_and_matches_a_sort() -> None:
         assert result is not None and set(result[0].tolist()) == reference_top_p(row, 0.9, 1.0, 40)
 
 
+def test_top_p_on_a_sure_row_keeps_what_a_sort_keeps_however_it_is_decided() -> None:
+    """A model repeating a text: one token far above the tail, top-p keeps it alone. The
+    cap's columns, 32 more, or the whole normalizer decide it, by how heavy the tail is."""
+    rng = np.random.default_rng(6)
+    for gap, runners_up in ((6.0, 0), (9.0, 0), (12.0, 0), (16.0, 0), (12.0, 20), (16.0, 20)):
+        row = (rng.standard_normal(64 * 512) * 2.0).astype(np.float32)
+        row[123] = row.max() + gap
+        row[rng.choice(64 * 512, runners_up, replace=False)] = row[123] - 7.0  # a few others
+        cut = Row(row.copy())
+        for p, q in ((0.95, 0.01), (0.9, 0.05), (0.99, 0.001)):
+            cap = cut.at_least(cut.max + math.log(q))
+            result = top_p(cut, p, 1.0, cap)
+            assert result is not None
+            assert set(result[0].tolist()) == reference_top_p(row, p, 1.0, len(cap.ids))
+
+
 def test_top_p_alone_is_exact_when_it_decides() -> None:
     decided = 0
     for row in rows(count=10, seed=4):
