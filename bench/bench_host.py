@@ -7,6 +7,12 @@ is what a GPU exposes, where a decode step of 8-64 branches takes a few millisec
 
     .venv/bin/python bench/bench_host.py [--ns 1,8,32,64] [--tokens 48] [--presets a,b]
                                          [--model gemma-3-270m] [--no-sillytavern]
+                                         [--decode free|flush|real]
+
+--decode flush streams the model file's size through the caches before each step, as a
+CPU decode does reading its weights (the host path then runs from cold caches); --decode
+real runs llama_decode itself (host time is still the step's time outside it): together
+they tell how much of a CPU server's host time its own decode causes.
 
 Every request uses `ignore_eos`, so each branch samples --tokens tokens. Requests are
 parsed and built the way the server builds a llama.cpp `/completion` body (the presets:
@@ -54,7 +60,7 @@ class FreeDecode:
     """A real context whose `decode` costs nothing: every step reads the rows of the one
     real decode made at the start (batch index i -> row i)."""
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, flush_bytes: int = 0) -> None:
         self.real = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=ROWS + 8, n_batch=512))
         tokens = model.tokenize(STORY * 4)[:ROWS]
         batch = Batch(ROWS)
@@ -64,6 +70,7 @@ class FreeDecode:
         # Grammar masks are applied to a row in place, as a real decode's next rows would
         # overwrite them: each decode puts the recorded rows back (counted as decode time).
         self._recorded = self.real.logits().copy()
+        self._weights = np.ones(flush_bytes // 4, np.float32)  # what a CPU decode reads
         self.calls = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -71,6 +78,7 @@ class FreeDecode:
 
     def decode(self, batch: Batch) -> None:
         assert batch.n_outputs <= ROWS, f"at most {ROWS} rows of logits"
+        float(self._weights.sum())  # through the caches, as the weights would go
         self.real._n_outputs = batch.n_outputs  # what a real decode would have made
         np.copyto(self.real.logits(), self._recorded[: batch.n_outputs])
         self.calls += 1
@@ -89,7 +97,7 @@ def request_params(model: Model, body: Body, tokens: int) -> Any:
 
 
 def run(
-    model: Model, ctx: FreeDecode, body: Body, n: int, tokens: int, seed: int
+    model: Model, ctx: FreeDecode | Context, body: Body, n: int, tokens: int, seed: int
 ) -> tuple[float, int, int]:
     """One request alone, stepped to its end: (seconds, steps, branch-tokens sampled)."""
     budget = KvBudget(ROWS, N_CTX, cache_paths=8, cache_cells=0)
@@ -118,18 +126,27 @@ def main() -> None:
     parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
     parser.add_argument("--repeat", type=int, default=1, help="best of R runs per cell")
     parser.add_argument("--no-sillytavern", action="store_true", help="skip its presets")
+    parser.add_argument("--decode", choices=("free", "flush", "real"), default="free")
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     assert max(ns) <= ROWS, f"at most {ROWS} branches"
 
     settings = Settings(model=args.model)
     model = Model(settings.resolved_model_path(), model_options(settings))
-    ctx = FreeDecode(model)
+    path = settings.resolved_model_path()
+    ctx: FreeDecode | Context
+    if args.decode == "real":
+        ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=ROWS + 8, n_batch=512))
+    else:
+        ctx = FreeDecode(model, path.stat().st_size if args.decode == "flush" else 0)
     presets = all_presets(with_sillytavern=not args.no_sillytavern)
     if args.presets:
         presets = {name: presets[name] for name in args.presets.split(",")}
 
-    print(f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos; decode costs nothing")
+    decode = {"free": "costs nothing", "flush": "costs nothing but cold caches", "real": "real"}
+    print(
+        f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos; decode {decode[args.decode]}"
+    )
     print("host ms per branch per step (ms per step)\n")
     print("| preset | " + " | ".join(f"n={n}" for n in ns) + " |")
     print("|---|" + "---:|" * len(ns))
@@ -150,8 +167,9 @@ def main() -> None:
         + (f" --repeat {args.repeat}" if args.repeat != 1 else "")
         + (" --no-sillytavern" if args.no_sillytavern else "")
         + ("" if args.model == DEFAULT else f" --model {args.model}")
+        + ("" if args.decode == "free" else f" --decode {args.decode}")
     )
-    ctx.real.close()
+    (ctx.real if isinstance(ctx, FreeDecode) else ctx).close()
     model.close()
 
 
