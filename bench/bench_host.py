@@ -132,8 +132,8 @@ def main() -> None:
     assert max(ns) <= ROWS, f"at most {ROWS} branches"
 
     settings = Settings(model=args.model)
-    model = Model(settings.resolved_model_path(), model_options(settings))
     path = settings.resolved_model_path()
+    model = Model(path, model_options(settings))
     ctx: FreeDecode | Context
     if args.decode == "real":
         ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=ROWS + 8, n_batch=512))
@@ -169,7 +169,7 @@ def main() -> None:
         + ("" if args.model == DEFAULT else f" --model {args.model}")
         + ("" if args.decode == "free" else f" --decode {args.decode}")
     )
-    (ctx.real if isinstance(ctx, FreeDecode) else ctx).close()
+    ctx.close()  # FreeDecode passes it to its real context
     model.close()
 
 

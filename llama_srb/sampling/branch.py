@@ -33,7 +33,7 @@ from llama_srb.sampling.chain import (
     plan_chain,
 )
 from llama_srb.sampling.constraint import GRAMMAR_COMPLETE, Matcher
-from llama_srb.sampling.cut import Ids, Row, Vector, top_p
+from llama_srb.sampling.cut import Ids, Row, Vector, most_likely_first, top_p
 from llama_srb.sampling.masks import Bitmask, apply_mask
 from llama_srb.sampling.params import SamplingParams
 
@@ -294,8 +294,7 @@ class BranchSampler:
                 ids, values, *_ = row.top_k(p.top_k)
             else:
                 ids, values, *_ = row.at_least(row.max + math.log(p.min_p) / plan.scale)
-            order = np.argsort(-values, kind="stable")
-            ids, values = ids[order], values[order]
+            ids, values = most_likely_first(ids, values)
         if plan.scale != 1.0:
             values = values * np.float32(plan.scale)
         return ids, values

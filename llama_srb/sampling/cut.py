@@ -171,11 +171,8 @@ class Row:
     def mass(self, top: float, scale: float) -> float:
         """sum(exp(scale * (logit - top))) over every token: one pass over the row (a
         float32 pairwise sum: ~1e-6 relative, finer than llama.cpp's own running sum)."""
-        scratch = _scratch(len(self.logits))  # a new 1 MB array costs its page faults
-        np.subtract(self.logits, np.float32(top), out=scratch)
-        if scale != 1.0:
-            scratch *= np.float32(scale)
-        return float(np.exp(scratch, out=scratch).sum())
+        # into a reused buffer: a new 1 MB array costs its page faults
+        return float(_exp_sum(self.logits, top, scale, out=_scratch(len(self.logits))))
 
     def draw(self, scale: float, rng: np.random.Generator) -> int:
         """A token drawn from softmax(scale * logits) over the whole vocabulary, exactly:
@@ -203,12 +200,12 @@ def top_p(
     top, capped = row.max, cap is not None
     if cap is not None:
         cols, read = cap.cols, cap.read
-        ids, values = _most_likely_first(cap.ids, cap.values)
+        ids, values = most_likely_first(cap.ids, cap.values)
     else:
         cols = row.top_columns(NORMALIZER_COLUMNS)
         read = row.grid[:, cols]
         flat = np.flatnonzero(read.ravel() > row.outside(cols))  # a prefix of the whole order
-        ids, values = _most_likely_first(row.ids(cols, flat), read.ravel()[flat])
+        ids, values = most_likely_first(row.ids(cols, flat), read.ravel()[flat])
     cumulative = _cumulative(values, top, scale)
     kept = _kept(cumulative, p, *row.mass_bounds(cols, read, top, scale), capped)
     if kept is None and cap is not None:  # the cap's columns could not decide: more beside
@@ -255,16 +252,21 @@ def largest(values: Vector, k: int) -> npt.NDArray[np.intp]:
     return finite[np.argpartition(values[finite], -k)[-k:]]
 
 
-def _shifted(values: npt.NDArray[np.float32], top: float, scale: float) -> Vector:
-    """scale * (values - top), in float32: a new array."""
-    shifted = np.subtract(values, np.float32(top))
+def _shifted(
+    values: npt.NDArray[np.float32], top: float, scale: float, out: Vector | None = None
+) -> Vector:
+    """scale * (values - top), in float32: into `out`, or a new array."""
+    shifted = np.subtract(values, np.float32(top), out=out)
     if scale != 1.0:
         shifted *= np.float32(scale)
     return shifted
 
 
-def _exp_sum(values: npt.NDArray[np.float32], top: float, scale: float) -> np.float32:
-    shifted = _shifted(values, top, scale)
+def _exp_sum(
+    values: npt.NDArray[np.float32], top: float, scale: float, out: Vector | None = None
+) -> np.float32:
+    """sum(exp(scale * (values - top))), in float32."""
+    shifted = _shifted(values, top, scale, out)
     return np.exp(shifted, out=shifted).sum()
 
 
@@ -279,7 +281,8 @@ def _scratch(size: int) -> Vector:
     return buffer
 
 
-def _most_likely_first(ids: Ids, values: Vector) -> tuple[Ids, Vector]:
+def most_likely_first(ids: Ids, values: Vector) -> tuple[Ids, Vector]:
+    """The tokens (ids, values) by descending value, equals in the order given."""
     order = np.argsort(-values, kind="stable")
     return ids[order], values[order]
 

@@ -61,9 +61,7 @@ def apply_mask(logits: npt.NDArray[np.float32], mask: Bitmask) -> None:
         return
     words = logits.reshape(-1, 32)
     block = words[mixed]
-    block[np.unpackbits(mask[mixed].view(np.uint8), bitorder="little").reshape(-1, 32) == 0] = (
-        _NEG_INF
-    )
+    block[~allowed(mask[mixed], 32 * len(mixed)).reshape(-1, 32)] = _NEG_INF
     if np.count_nonzero(allow_all) < np.count_nonzero(refuse_all):
         kept = np.flatnonzero(allow_all)
         saved = words[kept]
