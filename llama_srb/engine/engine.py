@@ -272,6 +272,8 @@ class Engine:
                 continue
             self.stats.prompt_tokens_cached += request.n_cached
             row = Row(logits[last])
+            if len(request.branches) > 1:
+                row.read_maxima()  # once for them all, not once per branch's patch
             step.fork(request, row)
             scores = scores_of(request, row)
             # distinct_openings: each branch's first token is one no earlier one drew

@@ -72,7 +72,7 @@ class Row:
         self.n_cols = len(logits) // rows
         self.grid = logits.reshape(rows, self.n_cols)
         self._colmax = colmax
-        self._saved: tuple[Ids, Vector, Vector, float | None] | None = None
+        self._saved: tuple[Ids, Vector, Vector | None, float | None] | None = None
         self._max: float | None = None
 
     @property
@@ -81,6 +81,11 @@ class Row:
         if self._colmax is None:
             self._colmax = self.grid.max(axis=0)
         return self._colmax
+
+    def read_maxima(self) -> None:
+        """Read the column maxima now: maxima first read under a patch go with it, so a
+        row that several branches patch is read before."""
+        self._colmax = self.colmax
 
     def refresh(self) -> None:
         """Read the column maxima again when next used: the row was changed in place."""
@@ -98,8 +103,10 @@ class Row:
         """Give tokens `ids` (distinct) the logits `values` until `restore`."""
         assert self._saved is None, "one patch at a time"
         old = self.logits[ids]
-        self._saved = (ids, old, self.colmax, self._max)
+        self._saved = (ids, old, self._colmax, self._max)
         self.logits[ids] = values
+        if self._colmax is None:
+            return  # the maxima are read from the patched row, if they are needed at all
         cols = ids % self.n_cols
         # A column's maximum moves only where a token rose above it or was it: usually
         # none (end-of-generation masked, a penalized word that was not its column's top).
@@ -137,6 +144,8 @@ class Row:
 
     def argmax(self) -> int:
         """The most likely token, the lowest id of equals (llama.cpp's greedy pick)."""
+        if self._colmax is None:  # one pass over the row, which a greedy pick reads alone
+            return int(np.argmax(self.logits))
         cols = np.flatnonzero(self.colmax == self.max)
         return int(self.ids(cols, np.flatnonzero(self.grid[:, cols] == self.max)).min())
 
@@ -155,15 +164,18 @@ class Row:
         values = read.ravel()
         return Cut(self.ids(cols, flat := largest(values, k)), values[flat], cols, read)
 
+    def peaks(self, top: float, scale: float) -> Vector:
+        """Each column maximum's weight, exp(scale * (maximum - top))."""
+        return np.exp(_shifted(self.colmax, top, scale))
+
     def mass_bounds(
-        self, cols: Ids, read: npt.NDArray[np.float32], top: float, scale: float
+        self, cols: Ids, read: npt.NDArray[np.float32], top: float, scale: float, peaks: Vector
     ) -> tuple[float, float]:
         """Bounds on sum(exp(scale * (logit - top))) over the row, from every logit `read`
-        of columns `cols` and each other column's maximum: a token of the column at the
-        least, all of them at the most. Summed in float32, so each bound is widened by
-        far more than its rounding (MASS_ROUNDING)."""
+        of columns `cols` and each other column's maximum (`peaks`: their weights): a
+        token of the column at the least, all of them at the most. Summed in float32, so
+        each bound is widened by far more than its rounding (MASS_ROUNDING)."""
         exact = float(_exp_sum(read, top, scale))
-        peaks = np.exp(_shifted(self.colmax, top, scale))
         others = max(float(peaks.sum()) - float(peaks[cols].sum()), 0.0)
         low, high = exact + others, exact + len(self.grid) * others
         return low * (1 - MASS_ROUNDING), high * (1 + MASS_ROUNDING)
@@ -207,20 +219,36 @@ def top_p(
         flat = np.flatnonzero(read.ravel() > row.outside(cols))  # a prefix of the whole order
         ids, values = most_likely_first(row.ids(cols, flat), read.ravel()[flat])
     cumulative = _cumulative(values, top, scale)
-    kept = _kept(cumulative, p, *row.mass_bounds(cols, read, top, scale), capped)
+    peaks = row.peaks(top, scale)
+    low, high = row.mass_bounds(cols, read, top, scale, peaks)
+    kept = _kept(cumulative, p, low, high, capped)
     if kept is None and cap is not None:  # the cap's columns could not decide: more beside
-        wider = _beside(row, cap, NORMALIZER_COLUMNS)
-        kept = _kept(cumulative, p, *row.mass_bounds(*wider, top, scale), capped)
+        wider = _beside(row, cap, p, peaks)
+        if wider is not None:
+            kept = _kept(cumulative, p, *row.mass_bounds(*wider, top, scale, peaks), capped)
     if kept is None:
         mass = row.mass(top, scale)
         kept = _kept(cumulative, p, mass, mass, capped)
     return None if kept is None else (ids[:kept], values[:kept])
 
 
-def _beside(row: Row, cap: Cut, m: int) -> tuple[Ids, npt.NDArray[np.float32]]:
-    """The cap's columns and, read beside them, the m of largest maxima."""
-    extra = row.top_columns(m)
-    new = extra[~np.isin(extra, cap.cols)]
+def _beside(
+    row: Row, cap: Cut, p: float, peaks: Vector
+) -> tuple[Ids, npt.NDArray[np.float32]] | None:
+    """The cap's columns and, read beside them, the NORMALIZER_COLUMNS of largest maxima:
+    for a row the model is sure of, whose other columns are light. None when the columns
+    left unread are too heavy for those to decide: they keep the bounds (grid rows - 1)
+    times their peaks apart, and when that times p is more than the top token's weight
+    (the most any token has), no token can end its mass >= p under both. (They could
+    still find the cap the shorter; on the default model's rows 32 columns never did.)"""
+    extra = row.top_columns(NORMALIZER_COLUMNS)
+    read = np.zeros(row.n_cols, bool)
+    read[cap.cols] = True
+    new = extra[~read[extra]]
+    read[new] = True
+    unread = float(peaks.sum()) - float(peaks[read].sum())
+    if p * (len(row.grid) - 1) * unread > 1.0:
+        return None
     return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.grid[:, new]], axis=1)
 
 

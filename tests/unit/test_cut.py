@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from llama_srb.sampling import cut as cut_module
 from llama_srb.sampling.cut import Row, grid_rows, top_p
 
 Vector = npt.NDArray[np.float32]
@@ -100,6 +101,36 @@ def test_top_p_on_a_sure_row_keeps_what_a_sort_keeps_however_it_is_decided() -> 
             assert set(result[0].tolist()) == reference_top_p(row, p, 1.0, len(cap.ids))
 
 
+def test_top_p_reads_32_columns_more_only_where_they_can_decide(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the cap's columns cannot decide: a sure row (a light tail) is decided by 32
+    columns more; a row whose tail is heavy skips them for the whole normalizer."""
+    summed: list[float] = []
+    whole = Row.mass
+
+    def mass(self: Row, top: float, scale: float) -> float:
+        summed.append(whole(self, top, scale))
+        return summed[-1]
+
+    monkeypatch.setattr(Row, "mass", mass)
+    sure = (np.random.default_rng(7).standard_normal(64 * 512) * 2.0).astype(np.float32)
+    sure[123] = sure.max() + 10.0  # 0.997 of the mass
+    heavy = rows(count=1, seed=8)[0]
+    for row, p, reads_more in ((sure, 0.95, True), (heavy, 0.7, False)):
+        cut = Row(row.copy())
+        cap = cut.at_least(cut.max + math.log(0.001))
+        peaks = cut.peaks(cut.max, 1.0)
+        cumulative = np.cumsum(np.exp(np.sort(cap.values)[::-1].astype(np.float64) - cut.max))
+        bounds = cut.mass_bounds(cap.cols, cap.read, cut.max, 1.0, peaks)
+        assert cut_module._kept(cumulative, p, *bounds, capped=True) is None
+        assert (cut_module._beside(cut, cap, p, peaks) is not None) is reads_more
+        summed.clear()
+        result = top_p(cut, p, 1.0, cap)
+        assert result is not None and bool(summed) is not reads_more
+        assert set(result[0].tolist()) == reference_top_p(row, p, 1.0, len(cap.ids))
+
+
 def test_top_p_alone_is_exact_when_it_decides() -> None:
     decided = 0
     for row in rows(count=10, seed=4):
@@ -118,23 +149,30 @@ def test_the_mass_bounds_bracket_the_normalizer() -> None:
         assert cut.mass(cut.max, 1.0) == pytest.approx(exact, rel=1e-5)
         for m in (0, 5, 100):
             cols = cut.top_columns(m)
-            low, high = cut.mass_bounds(cols, cut.grid[:, cols], cut.max, 1.0)
+            peaks = cut.peaks(cut.max, 1.0)
+            low, high = cut.mass_bounds(cols, cut.grid[:, cols], cut.max, 1.0, peaks)
             assert low <= exact * (1 + 1e-9) and exact <= high * (1 + 1e-9)
 
 
-def test_a_patch_changes_the_row_and_its_maxima_until_restored() -> None:
+@pytest.mark.parametrize("read_first", [True, False])
+def test_a_patch_changes_the_row_and_its_maxima_until_restored(read_first: bool) -> None:
+    """Whether the maxima were read before the patch (then patched with it) or not (then
+    read from the patched row, and dropped with the patch)."""
     row = rows(count=1)[0]
     original = row.copy()
+    own = original.reshape(64, -1).max(axis=0)
     cut = Row(row)
-    maxima = cut.colmax
+    maxima = cut.colmax if read_first else None
     top = int(np.argmax(original))
     ids = np.array(sorted({top, 5, 9_000}), np.int64)
-    cut.patch(ids, np.array([-np.inf, 50.0, -np.inf], np.float32)[np.argsort(np.argsort(ids))])
-    assert cut.argmax() in ids.tolist() and cut.max == max(
-        50.0, float(np.delete(original, ids).max())
-    )
+    cut.patch(ids, np.array([50.0 if i == 5 else -np.inf for i in ids], np.float32))
+    assert cut.argmax() == 5
+    assert cut.max == max(50.0, float(np.delete(original, ids).max()))
+    assert np.array_equal(cut.colmax, row.reshape(64, -1).max(axis=0))
     cut.restore()
-    assert np.array_equal(row, original) and cut.colmax is maxima and cut.max == original.max()
+    assert (cut._colmax is None) is (maxima is None)  # those read under the patch went
+    assert np.array_equal(row, original) and np.array_equal(cut.colmax, own)
+    assert cut.max == original.max() and (maxima is None or cut.colmax is maxima)
 
 
 def test_a_draw_follows_the_softmax_and_never_a_masked_token() -> None:

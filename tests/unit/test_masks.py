@@ -1,4 +1,5 @@
-"""apply_mask against the bit-by-bit rule, for masks of every shape a grammar makes."""
+"""apply_mask against the bit-by-bit rule, for masks of every shape a grammar makes, on a
+vocabulary of whole mask words and on one whose last word is only partly vocabulary."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import pytest
 
 from llama_srb.sampling.masks import allowed, apply_mask
 
-N_VOCAB = 32 * 4096 + 17  # a last word that is only partly vocabulary
+VOCABULARIES = (32 * 4096, 32 * 4096 + 17)
 
 
-def masks() -> dict[str, np.ndarray]:
+def masks(n_vocab: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(7)
-    words = (N_VOCAB + 31) // 32
+    words = (n_vocab + 31) // 32
 
     def scattered(p: float) -> np.ndarray:
         bits = rng.random(words * 32) < p
@@ -32,10 +33,11 @@ def masks() -> dict[str, np.ndarray]:
     }
 
 
-@pytest.mark.parametrize("name", list(masks()))
-def test_a_mask_refuses_exactly_the_tokens_its_bits_refuse(name: str) -> None:
-    mask = masks()[name]
-    logits = np.random.default_rng(1).standard_normal(N_VOCAB).astype(np.float32)
-    expected = np.where(allowed(mask, N_VOCAB), logits, -np.inf).astype(np.float32)
+@pytest.mark.parametrize("n_vocab", VOCABULARIES)
+@pytest.mark.parametrize("name", list(masks(VOCABULARIES[0])))
+def test_a_mask_refuses_exactly_the_tokens_its_bits_refuse(name: str, n_vocab: int) -> None:
+    mask = masks(n_vocab)[name]
+    logits = np.random.default_rng(1).standard_normal(n_vocab).astype(np.float32)
+    expected = np.where(allowed(mask, n_vocab), logits, -np.inf).astype(np.float32)
     apply_mask(logits, mask)
     assert np.array_equal(logits, expected)
