@@ -17,7 +17,7 @@ an upper bound (each other column as 64 copies of its maximum); only when the br
 cannot decide is every token's exp() summed. A top-p with a min-p or top-k right after it
 brackets from that cap's columns first (most often its tokens hold less than p of even the
 lower bound; when the model is sure of its next token, the upper bound keeps only it), then
-with 32 columns more.
+with 32 columns more when the other columns are light enough for those to decide it.
 """
 
 from __future__ import annotations
