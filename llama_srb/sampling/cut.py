@@ -242,11 +242,11 @@ def _beside(
     (the most any token has), no token can end its mass >= p under both. (They could
     still find the cap the shorter; on the default model's rows 32 columns never did.)"""
     extra = row.top_columns(NORMALIZER_COLUMNS)
-    read = np.zeros(row.n_cols, bool)
-    read[cap.cols] = True
-    new = extra[~read[extra]]
-    read[new] = True
-    unread = float(peaks.sum()) - float(peaks[read].sum())
+    known = np.zeros(row.n_cols, bool)
+    known[cap.cols] = True
+    new = extra[~known[extra]]
+    known[new] = True
+    unread = float(peaks.sum()) - float(peaks[known].sum())
     if p * (len(row.grid) - 1) * unread > 1.0:
         return None
     return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.grid[:, new]], axis=1)

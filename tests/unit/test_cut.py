@@ -121,7 +121,8 @@ def test_top_p_reads_32_columns_more_only_where_they_can_decide(
         cut = Row(row.copy())
         cap = cut.at_least(cut.max + math.log(0.001))
         peaks = cut.peaks(cut.max, 1.0)
-        cumulative = np.cumsum(np.exp(np.sort(cap.values)[::-1].astype(np.float64) - cut.max))
+        ordered = cut_module.most_likely_first(cap.ids, cap.values)[1]
+        cumulative = cut_module._cumulative(ordered, cut.max, 1.0)
         bounds = cut.mass_bounds(cap.cols, cap.read, cut.max, 1.0, peaks)
         assert cut_module._kept(cumulative, p, *bounds, capped=True) is None
         assert (cut_module._beside(cut, cap, p, peaks) is not None) is reads_more
