@@ -143,6 +143,19 @@ def test_top_p_alone_is_exact_when_it_decides() -> None:
     assert decided  # the undecided rest goes to llama.cpp's own top-p
 
 
+@pytest.mark.parametrize("scale", [1.0, 1 / 0.7, 4.0])
+@pytest.mark.parametrize("offset", [0.0, 60.0, -60.0])
+def test_the_normalizer_is_exact_to_float32_at_every_scale_and_level(
+    scale: float, offset: float
+) -> None:
+    """Logits far from zero (offset) take the shifted exp(); others skip the shift."""
+    for row in rows(count=3, seed=6):
+        row = (row + np.float32(offset)).astype(np.float32)
+        cut = Row(row.copy())
+        exact = float(np.exp((row.astype(np.float64) - cut.max) * scale).sum())
+        assert cut.mass(cut.max, scale) == pytest.approx(exact, rel=5e-6)
+
+
 def test_the_mass_bounds_bracket_the_normalizer() -> None:
     for row in rows(count=5, seed=5):
         cut = Row(row.copy())
