@@ -1,7 +1,9 @@
 """Host time per branch per step: the engine over a context whose decode costs nothing.
 
 The context holds real logit rows (one real llama_decode of a story, every row kept: 64
-rows 262,144 wide for the default model), and its `decode` only puts them back. A step's
+rows 262,144 wide for the default model), and its `decode` only puts them back, the next
+ones in turn: every n samples the same 64 rows over a run, not only the story's first n
+(the first ones are the flattest: a model that has read one word is least sure). A step's
 time outside it is all host work: sampling, text, stop strings, deltas, the step's bookkeeping. That
 is what a GPU exposes, where a decode step of 8-64 branches takes a few milliseconds.
 
@@ -57,8 +59,8 @@ STORY = (
 
 
 class FreeDecode:
-    """A real context whose `decode` costs nothing: every step reads the rows of the one
-    real decode made at the start (batch index i -> row i)."""
+    """A real context whose `decode` costs nothing: every step reads rows of the one real
+    decode made at the start, the recording's next ones in turn (wrapping around)."""
 
     def __init__(self, model: Model, flush_bytes: int = 0) -> None:
         self.real = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=ROWS + 8, n_batch=512))
@@ -71,7 +73,7 @@ class FreeDecode:
         # overwrite them: each decode puts the recorded rows back (counted as decode time).
         self._recorded = self.real.logits().copy()
         self._weights = np.ones(flush_bytes // 4, np.float32)  # what a CPU decode reads
-        self.calls = 0
+        self._next = 0  # the recorded row the next decode's first output gets
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
@@ -79,9 +81,14 @@ class FreeDecode:
     def decode(self, batch: Batch) -> None:
         assert batch.n_outputs <= ROWS, f"at most {ROWS} rows of logits"
         float(self._weights.sum())  # through the caches, as the weights would go
-        self.real._n_outputs = batch.n_outputs  # what a real decode would have made
-        np.copyto(self.real.logits(), self._recorded[: batch.n_outputs])
-        self.calls += 1
+        self.real._n_outputs = n = batch.n_outputs  # what a real decode would have made
+        rows = (self._next + np.arange(n)) % ROWS
+        np.take(self._recorded, rows, axis=0, out=self.real.logits())
+        self._next = (self._next + n) % ROWS
+
+    def rewind(self) -> None:
+        """The next decode starts from the first recorded row again (each run alike)."""
+        self._next = 0
 
     def warm_up(self, token: int) -> None:
         pass
@@ -100,6 +107,8 @@ def run(
     model: Model, ctx: FreeDecode | Context, body: Body, n: int, tokens: int, seed: int
 ) -> tuple[float, int, int]:
     """One request alone, stepped to its end: (seconds, steps, branch-tokens sampled)."""
+    if isinstance(ctx, FreeDecode):
+        ctx.rewind()
     budget = KvBudget(ROWS, N_CTX, cache_paths=8, cache_cells=0)
     engine = Engine(model, ctx, budget, tokens_per_call=0)
     params = request_params(model, {**body, "seed": seed}, tokens)

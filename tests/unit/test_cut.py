@@ -189,6 +189,26 @@ def test_a_patch_changes_the_row_and_its_maxima_until_restored(read_first: bool)
     assert cut.max == original.max() and (maxima is None or cut.colmax is maxima)
 
 
+@pytest.mark.parametrize("spread", [1.0, 2.5])
+def test_a_draw_over_many_columns_follows_the_softmax(spread: float) -> None:
+    """On 512 columns of 64 tokens, each proposed from its column's maximum and kept by
+    its weight over it: the draws match the softmax by rank bands, deep tail included."""
+    rng = np.random.default_rng(8)
+    row = (rng.standard_normal(64 * 512) * spread).astype(np.float32)
+    row[rng.choice(len(row), 5, replace=False)] += np.float32(6)
+    cut = Row(row)
+    scale = 1 / 0.8
+    want = softmax(row.astype(np.float64) * scale)
+    rank = np.empty(len(row), np.int64)
+    rank[np.argsort(-want)] = np.arange(len(row))
+    bands = np.searchsorted([1, 5, 20, 100, 1000, 5000], rank, side="right")
+    assert np.bincount(bands, weights=want)[-2:].sum() > 0.1  # the tail has its share
+    draws = np.array([cut.draw(scale, rng) for _ in range(12_000)])
+    got = np.bincount(bands[draws], minlength=7) / len(draws)
+    expected = np.bincount(bands, weights=want, minlength=7)
+    assert 0.5 * np.abs(got - expected).sum() < 0.03  # total variation over the bands
+
+
 def test_a_draw_follows_the_softmax_and_never_a_masked_token() -> None:
     rng = np.random.default_rng(7)
     row = (rng.standard_normal(64 * 4) * 1.5).astype(np.float32)
