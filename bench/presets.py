@@ -110,6 +110,7 @@ OURS: dict[str, Body] = {
     "defaults": {},
     "greedy": {"temperature": 0},
     "topk0-minp": {"top_k": 0, "min_p": 0.05},  # top-p 0.95 (the default) first, then min-p
+    "top-p-alone": {"top_k": 0, "min_p": 0},  # top-p 0.95 the only filter
     "penalties-dry": {"repeat_penalty": 1.1, "dry_multiplier": 0.8},
     "json-schema": {"json_schema": JSON_SCHEMA},
     "banned-strings": {"banned_strings": ["the sea", "lighthouse", "suddenly"]},

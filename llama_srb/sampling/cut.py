@@ -220,8 +220,8 @@ def top_p(
     """llama.cpp's top-p over the whole row: the most likely tokens, most likely first,
     until their probability under softmax(scale * logits) adds up to p. With `cap`, the
     survivors of the prefix cut that follows it (min-p or top-k: a top of the same
-    order), both at once: the shorter of the two. None when the columns read cannot
-    decide it (a cut deep in the tail without a cap): llama.cpp's own top-p then runs."""
+    order), both at once: the shorter of the two. None when what it reads cannot decide
+    it (the column maxima hold less than p): llama.cpp's own top-p then runs."""
     top, capped = row.max, cap is not None
     if cap is not None:
         cols, read = cap.cols, cap.read
@@ -242,6 +242,24 @@ def top_p(
     if kept is None:
         mass = row.mass(top, scale)
         kept = _kept(cumulative, p, mass, mass, capped)
+        if kept is None and cap is None:  # the head runs past the columns read
+            return _head(row, p, scale, mass, peaks)
+    return None if kept is None else (ids[:kept], values[:kept])
+
+
+def _head(
+    row: Row, p: float, scale: float, mass: float, peaks: Vector
+) -> tuple[Ids, Vector] | None:
+    """Top-p's head once the normalizer is known: every token at least as likely as the
+    column maximum at which the maxima, largest first, add up to p. They are tokens, so
+    the tokens above it hold p at least. None when the maxima hold less than p."""
+    order = np.argsort(-peaks, kind="stable")
+    at = int(np.searchsorted(np.cumsum(peaks[order], dtype=np.float64), p * mass))
+    if at == len(order):
+        return None
+    head = row.at_least(float(row.colmax[order[at]]))
+    ids, values = most_likely_first(head.ids, head.values)
+    kept = _kept(_cumulative(values, row.max, scale), p, mass, mass, False)
     return None if kept is None else (ids[:kept], values[:kept])
 
 

@@ -5,6 +5,7 @@ distribution, and patches that leave no trace."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -141,6 +142,34 @@ def test_top_p_alone_is_exact_when_it_decides() -> None:
                 decided += 1
                 assert set(result[0].tolist()) == reference_top_p(row, p, 1.0, None)
     assert decided  # the undecided rest goes to llama.cpp's own top-p
+
+
+@pytest.mark.parametrize(("alpha", "p", "decided"), [(1.0, 0.5, True), (1.2, 0.8, False)])
+def test_top_p_alone_reads_its_head_where_the_column_maxima_hold_p(
+    alpha: float, p: float, decided: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Zipf-like row (probability ~ rank^-alpha) whose top-p head runs past the 32
+    columns read: with the normalizer summed, every token above the column maximum at
+    which the maxima reach p is read, when they do (57% of the mass at alpha 1.0, 79% at
+    1.2); else llama.cpp's top-p decides."""
+    rng = np.random.default_rng(3)
+    n_vocab = 64 * 512
+    ranks = np.arange(1, n_vocab + 1)[rng.permutation(n_vocab)]
+    row = (-alpha * np.log(ranks)).astype(np.float32)
+    heads = []
+    head = cut_module._head
+
+    def spy(*args: Any) -> Any:
+        heads.append(head(*args))
+        return heads[-1]
+
+    monkeypatch.setattr(cut_module, "_head", spy)
+    result = top_p(Row(row.copy()), p)
+    assert len(heads) == 1  # the 32 columns could not decide it
+    if decided:
+        assert result is not None and set(result[0].tolist()) == reference_top_p(row, p, 1, None)
+    else:
+        assert result is None
 
 
 @pytest.mark.parametrize("scale", [1.0, 1 / 0.7, 4.0])
