@@ -39,6 +39,9 @@ MAX_GRID_ROWS = 64  # tokens per column: the column maxima are a 64th of the row
 # (with none 71%, with 128 90%); summing every token's exp() costs about ten reads of 32
 # columns, so more would not pay.
 NORMALIZER_COLUMNS = 32
+# From this many tokens up, sorting them by one key per token (value bits, position) is
+# faster than numpy's stable sort (a merge sort): 2,000 tokens 121 -> 46 µs, 8,000 732 -> 146.
+KEYED_SORT = 1024
 # The relative rounding of a float32 exp() and pairwise sum over a row is below 1e-6: the
 # normalizer's bounds are widened by ten times that, so they stay bounds.
 MASS_ROUNDING = 1e-5
@@ -221,7 +224,8 @@ def top_p(
     until their probability under softmax(scale * logits) adds up to p. With `cap`, the
     survivors of the prefix cut that follows it (min-p or top-k: a top of the same
     order), both at once: the shorter of the two. None when what it reads cannot decide
-    it (the column maxima hold less than p): llama.cpp's own top-p then runs."""
+    it (the tokens above the least column maximum hold less than p): llama.cpp's own
+    top-p then runs."""
     top, capped = row.max, cap is not None
     if cap is not None:
         cols, read = cap.cols, cap.read
@@ -244,7 +248,7 @@ def top_p(
         kept = _kept(cumulative, p, mass, mass, capped)
         if kept is None and cap is None:  # the head runs past the columns read
             return _head(row, p, scale, mass, peaks)
-    return None if kept is None else (ids[:kept], values[:kept])
+    return _first(ids, values, kept)
 
 
 def _head(
@@ -252,15 +256,22 @@ def _head(
 ) -> tuple[Ids, Vector] | None:
     """Top-p's head once the normalizer is known: every token at least as likely as the
     column maximum at which the maxima, largest first, add up to p. They are tokens, so
-    the tokens above it hold p at least. None when the maxima hold less than p."""
+    the tokens above it hold p at least. None when even the tokens above the least
+    maximum hold less than p."""
     order = np.argsort(-peaks, kind="stable")
     at = int(np.searchsorted(np.cumsum(peaks[order], dtype=np.float64), p * mass))
-    if at == len(order):
-        return None
-    head = row.at_least(float(row.colmax[order[at]]))
+    # maxima that hold less than p: every token above the least of them, if those do
+    head = row.at_least(float(row.colmax[order[min(at, len(order) - 1)]]))
     ids, values = most_likely_first(head.ids, head.values)
-    kept = _kept(_cumulative(values, row.max, scale), p, mass, mass, False)
-    return None if kept is None else (ids[:kept], values[:kept])
+    return _first(ids, values, _kept(_cumulative(values, row.max, scale), p, mass, mass, False))
+
+
+def _first(ids: Ids, values: Vector, kept: int | None) -> tuple[Ids, Vector] | None:
+    """The first `kept` tokens; None (llama.cpp's top-p decides) when that splits equals:
+    which of them it keeps is its sort's."""
+    if kept is None or (kept < len(values) and values[kept] == values[kept - 1]):
+        return None
+    return ids[:kept], values[:kept]
 
 
 def _beside(
@@ -342,8 +353,18 @@ def _scratch(size: int) -> Vector:
 
 def most_likely_first(ids: Ids, values: Vector) -> tuple[Ids, Vector]:
     """The tokens (ids, values) by descending value, equals in the order given."""
-    order = np.argsort(-values, kind="stable")
+    order = np.argsort(-values, kind="stable") if len(values) < KEYED_SORT else _by_key(values)
     return ids[order], values[order]
+
+
+def _by_key(values: Vector) -> npt.NDArray[np.intp]:
+    """The stable descending order of `values` from one vectorized sort of distinct keys:
+    each float's bits made to sort as its value (negatives flipped whole, positives by
+    their sign bit), inverted for descending, above its position."""
+    bits = (values + np.float32(0)).view(np.uint32)  # -0.0 as 0.0: they are equal
+    ascending = np.where(bits >> 31, ~bits, bits | np.uint32(1 << 31))
+    keys = (~ascending).astype(np.uint64) << np.uint64(32) | np.arange(len(values), dtype=np.uint64)
+    return (np.sort(keys) & np.uint64(0xFFFFFFFF)).astype(np.intp)
 
 
 def _cumulative(values: Vector, top: float, scale: float) -> npt.NDArray[np.float64]:

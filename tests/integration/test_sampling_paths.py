@@ -147,9 +147,32 @@ def test_the_fast_path_leaves_llama_cpps_candidates(real: Rows, case: str, forbi
     for row in real.rows:
         want = probabilities(*llama_cpp_candidates(real, params, row, forbidden))
         got = probabilities(*fast_candidates(real, params, row, forbidden))
-        assert got.keys() == want.keys(), f"{case}: {plan_chain(params)}"
+        assert same_cut(got, want), f"{case}: {plan_chain(params)}"
+        common = got.keys() & want.keys()
+        got, want = renormalized(got, common), renormalized(want, common)
         for token, p in want.items():
             assert got[token] == pytest.approx(p, rel=1e-4, abs=1e-7), (case, token)
+
+
+def same_cut(got: dict[int, float], want: dict[int, float]) -> bool:
+    """The same candidates, or a top-p cut deep in the tail placed a few tokens apart:
+    llama.cpp sums its probabilities in float32, one after the other (1,256 tokens
+    where the exact cut keeps 1,258 at p = 0.9 on a SmolLM2 row). Then one set is the
+    other and the next most likely tokens, which hold under 1e-3 of its mass."""
+    if got.keys() == want.keys():
+        return True
+    small, large = sorted((got, want), key=len)
+    extra = large.keys() - small.keys()
+    return (
+        small.keys() <= large.keys()
+        and max(large[t] for t in extra) <= min(large[t] for t in small)
+        and sum(large[t] for t in extra) < 1e-3
+    )
+
+
+def renormalized(probs: dict[int, float], tokens: set[int]) -> dict[int, float]:
+    total = sum(probs[t] for t in tokens)
+    return {t: probs[t] / total for t in tokens}
 
 
 @pytest.mark.parametrize(

@@ -144,14 +144,17 @@ def test_top_p_alone_is_exact_when_it_decides() -> None:
     assert decided  # the undecided rest goes to llama.cpp's own top-p
 
 
-@pytest.mark.parametrize(("alpha", "p", "decided"), [(1.0, 0.5, True), (1.2, 0.8, False)])
-def test_top_p_alone_reads_its_head_where_the_column_maxima_hold_p(
+@pytest.mark.parametrize(
+    ("alpha", "p", "decided"), [(1.0, 0.5, True), (1.2, 0.8, True), (1.0, 0.95, False)]
+)
+def test_top_p_alone_reads_its_head_once_the_normalizer_is_summed(
     alpha: float, p: float, decided: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A Zipf-like row (probability ~ rank^-alpha) whose top-p head runs past the 32
     columns read: with the normalizer summed, every token above the column maximum at
-    which the maxima reach p is read, when they do (57% of the mass at alpha 1.0, 79% at
-    1.2); else llama.cpp's top-p decides."""
+    which the maxima reach p is read (they hold 57% of the mass at alpha 1.0), or above
+    the least maximum when they hold less (79% at alpha 1.2); when even those tokens
+    hold less than p, llama.cpp's top-p decides."""
     rng = np.random.default_rng(3)
     n_vocab = 64 * 512
     ranks = np.arange(1, n_vocab + 1)[rng.permutation(n_vocab)]
@@ -183,6 +186,19 @@ def test_the_normalizer_is_exact_to_float32_at_every_scale_and_level(
         cut = Row(row.copy())
         exact = float(np.exp((row.astype(np.float64) - cut.max) * scale).sum())
         assert cut.mass(cut.max, scale) == pytest.approx(exact, rel=5e-6)
+
+
+@pytest.mark.parametrize("n", [10, cut_module.KEYED_SORT, 5000])
+def test_most_likely_first_sorts_equals_in_the_order_given_at_every_size(n: int) -> None:
+    """Below KEYED_SORT numpy's stable sort, from it one sort of (value bits, position)."""
+    rng = np.random.default_rng(9)
+    values = rng.standard_normal(n).astype(np.float32)
+    values[: n // 3] = values[n // 3 : 2 * (n // 3)]  # ties
+    values[[1, 2, 3]] = [-np.inf, -0.0, 0.0]  # -0.0 equals 0.0: the order given
+    ids = rng.permutation(n).astype(np.int64)
+    order = np.argsort(-values, kind="stable")
+    got_ids, got_values = cut_module.most_likely_first(ids, values)
+    assert np.array_equal(got_ids, ids[order]) and np.array_equal(got_values, values[order])
 
 
 def test_the_mass_bounds_bracket_the_normalizer() -> None:
