@@ -227,16 +227,18 @@ def top_p(
     it (the tokens above the least column maximum hold less than p): llama.cpp's own
     top-p then runs."""
     top, capped = row.max, cap is not None
+    peaks = row.peaks(top, scale)
     if cap is not None:
         cols, read = cap.cols, cap.read
         ids, values = most_likely_first(cap.ids, cap.values)
     else:
         cols = row.top_columns(NORMALIZER_COLUMNS)
+        if _outweighed(row, peaks, cols, p):  # no bracket from these columns can decide it
+            return _head(row, p, scale, row.mass(top, scale))
         read = row.grid[:, cols]
         flat = np.flatnonzero(read.ravel() > row.outside(cols))  # a prefix of the whole order
         ids, values = most_likely_first(row.ids(cols, flat), read.ravel()[flat])
     cumulative = _cumulative(values, top, scale)
-    peaks = row.peaks(top, scale)
     low, high = row.mass_bounds(cols, read, top, scale, peaks)
     kept = _kept(cumulative, p, low, high, capped)
     if kept is None and cap is not None:  # the cap's columns could not decide: more beside
@@ -247,21 +249,19 @@ def top_p(
         mass = row.mass(top, scale)
         kept = _kept(cumulative, p, mass, mass, capped)
         if kept is None and cap is None:  # the head runs past the columns read
-            return _head(row, p, scale, mass, peaks)
+            return _head(row, p, scale, mass)
     return _first(ids, values, kept)
 
 
-def _head(
-    row: Row, p: float, scale: float, mass: float, peaks: Vector
-) -> tuple[Ids, Vector] | None:
+def _head(row: Row, p: float, scale: float, mass: float) -> tuple[Ids, Vector] | None:
     """Top-p's head once the normalizer is known: every token at least as likely as the
     column maximum at which the maxima, largest first, add up to p. They are tokens, so
     the tokens above it hold p at least. None when even the tokens above the least
     maximum hold less than p."""
-    order = np.argsort(-peaks, kind="stable")
-    at = int(np.searchsorted(np.cumsum(peaks[order], dtype=np.float64), p * mass))
+    maxima = np.sort(row.colmax)[::-1]
+    at = int(np.searchsorted(_cumulative(maxima, row.max, scale), p * mass))
     # maxima that hold less than p: every token above the least of them, if those do
-    head = row.at_least(float(row.colmax[order[min(at, len(order) - 1)]]))
+    head = row.at_least(float(maxima[min(at, len(maxima) - 1)]))
     ids, values = most_likely_first(head.ids, head.values)
     return _first(ids, values, _kept(_cumulative(values, row.max, scale), p, mass, mass, False))
 
@@ -279,19 +279,25 @@ def _beside(
 ) -> tuple[Ids, npt.NDArray[np.float32]] | None:
     """The cap's columns and, read beside them, the NORMALIZER_COLUMNS of largest maxima:
     for a row the model is sure of, whose other columns are light. None when the columns
-    left unread are too heavy for those to decide: they keep the bounds (grid rows - 1)
-    times their peaks apart, and when that times p is more than the top token's weight
-    (the most any token has), no token can end its mass >= p under both. (They could
-    still find the cap the shorter; on the default model's rows 32 columns never did.)"""
+    left unread would outweigh them. (They could still find the cap the shorter; on the
+    default model's rows 32 columns never did.)"""
     extra = row.top_columns(NORMALIZER_COLUMNS)
     known = np.zeros(row.n_cols, bool)
     known[cap.cols] = True
     new = extra[~known[extra]]
     known[new] = True
-    unread = float(peaks.sum()) - float(peaks[known].sum())
-    if p * (len(row.grid) - 1) * unread > 1.0:
+    if _outweighed(row, peaks, known, p):
         return None
     return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.grid[:, new]], axis=1)
+
+
+def _outweighed(row: Row, peaks: Vector, known: npt.NDArray[np.intp | np.bool_], p: float) -> bool:
+    """Whether the columns not `known` are too heavy for a bracket from the known ones to
+    decide a top-p: they keep its bounds (grid rows - 1) times their peaks apart, and when
+    that times p is more than the top token's weight (the most any token has), no token
+    can end its mass >= p under both."""
+    unread = float(peaks.sum()) - float(peaks[known].sum())
+    return p * (len(row.grid) - 1) * unread > 1.0
 
 
 def _kept(
