@@ -17,7 +17,9 @@ an upper bound (each other column as 64 copies of its maximum); only when the br
 cannot decide is every token's exp() summed. A top-p with a min-p or top-k right after it
 brackets from that cap's columns first (most often its tokens hold less than p of even the
 lower bound; when the model is sure of its next token, the upper bound keeps only it), then
-with 32 columns more when the other columns are light enough for those to decide it.
+with 32 columns more when the other columns are light enough for those to decide it. A
+top-p alone whose head runs deeper reads it once the normalizer is summed: every token
+above the column maximum at which the maxima add up to p (they are tokens themselves).
 """
 
 from __future__ import annotations
@@ -258,7 +260,7 @@ def _head(row: Row, p: float, scale: float, mass: float) -> tuple[Ids, Vector] |
     column maximum at which the maxima, largest first, add up to p. They are tokens, so
     the tokens above it hold p at least. None when even the tokens above the least
     maximum hold less than p."""
-    maxima = np.sort(row.colmax)[::-1]
+    maxima = np.sort(row.colmax[row.colmax > -np.inf])[::-1]  # not a grammar's refusals
     at = int(np.searchsorted(_cumulative(maxima, row.max, scale), p * mass))
     # maxima that hold less than p: every token above the least of them, if those do
     head = row.at_least(float(maxima[min(at, len(maxima) - 1)]))

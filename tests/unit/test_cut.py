@@ -173,6 +173,12 @@ def test_top_p_alone_reads_its_head_once_the_normalizer_is_summed(
         assert result is not None and set(result[0].tolist()) == reference_top_p(row, p, 1, None)
     else:
         assert result is None
+    # a grammar's refusals (-inf) in half the columns: the least maximum is a finite one
+    row.reshape(64, -1)[:, ::2] = -np.inf
+    result = top_p(Row(row.copy()), p)
+    assert (result is not None) is decided
+    if result is not None:
+        assert set(result[0].tolist()) == reference_top_p(row, p, 1, None)
 
 
 @pytest.mark.parametrize("scale", [1.0, 1 / 0.7, 4.0])
