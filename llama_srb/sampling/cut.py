@@ -11,15 +11,16 @@ then decided from those maxima and the few columns they point to, exactly: a col
 maximum is below a threshold holds no token above it. The survivors go on to the rest of
 the chain in llama.cpp (sampling/branch.py), so every later sampler is llama.cpp's own.
 
-What needs the distribution's normalizer (top-p first, a draw from every token) brackets
-it between a lower bound (the columns read exactly, one token for each other column) and
-an upper bound (each other column as 64 copies of its maximum); only when the bracket
-cannot decide is every token's exp() summed. A top-p with a min-p or top-k right after it
-brackets from that cap's columns first (most often its tokens hold less than p of even the
-lower bound; when the model is sure of its next token, the upper bound keeps only it), then
-with 32 columns more when the other columns are light enough for those to decide it. A
-top-p alone whose head runs deeper reads it once the normalizer is summed: every token
-above the column maximum at which the maxima add up to p (they are tokens themselves).
+A top-p with a min-p or top-k right after it (its cap) needs the distribution's normalizer
+only roughly: it brackets it between a lower bound (the columns read exactly, one token
+for each other column) and an upper bound (each other column as 64 copies of its maximum),
+from the cap's columns first (most often its tokens hold less than p of even the lower
+bound; when the model is sure of its next token, the upper bound keeps only it), then with
+32 columns more when the other columns are light enough for those to decide it; only then
+is every token's exp() summed. A top-p alone sums it at once (its head runs hundreds of
+tokens deep, past what a few columns bracket), then reads every token above the column
+maximum at which the maxima add up to p: they are tokens themselves. A draw from every
+token needs no normalizer: it is a rejection over the columns.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ Vector = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 
 MAX_GRID_ROWS = 64  # tokens per column: the column maxima are a 64th of the row
-# Columns read for top-p's normalizer beside its own (or its cap's, when those could not
-# decide it): with 32 the bracket decides 86% of the default model's rows without a cap
-# (with none 71%, with 128 90%); summing every token's exp() costs about ten reads of 32
-# columns, so more would not pay.
+# Columns read beside a capped top-p's own when those cannot bracket its normalizer: they
+# decide a row the model is sure of, whose other columns are light; a heavy tail would need
+# 2,048-4,096 (summing every token's exp() costs about ten reads of 32 columns). Without a
+# cap they decided 0-4 of 248 rows of Gemma 3 at p = 0.8-0.95: a top-p alone sums at once.
 NORMALIZER_COLUMNS = 32
 # From this many tokens up, sorting them by one key per token (value bits, position) is
 # faster than numpy's stable sort (a merge sort): 2,000 tokens 121 -> 46 µs, 8,000 732 -> 146.
@@ -143,14 +144,6 @@ class Row:
         """The m columns with the largest maxima."""
         return largest(self.colmax, m)
 
-    def outside(self, cols: Ids) -> float:
-        """The largest logit outside columns `cols`: a bound."""
-        if len(cols) == self.n_cols:
-            return -np.inf
-        rest = self.colmax.copy()
-        rest[cols] = -np.inf
-        return float(rest.max())
-
     def argmax(self) -> int:
         """The most likely token, the lowest id of equals (llama.cpp's greedy pick)."""
         if self._colmax is None:  # one pass over the row, which a greedy pick reads alone
@@ -226,32 +219,22 @@ def top_p(
     until their probability under softmax(scale * logits) adds up to p. With `cap`, the
     survivors of the prefix cut that follows it (min-p or top-k: a top of the same
     order), both at once: the shorter of the two. None when what it reads cannot decide
-    it (the tokens above the least column maximum hold less than p): llama.cpp's own
-    top-p then runs."""
-    top, capped = row.max, cap is not None
+    it (alone: the tokens above the least column maximum hold less than p) or its cut
+    splits equal logits: llama.cpp's own top-p then runs."""
+    top = row.max
+    if cap is None:
+        return _head(row, p, scale, row.mass(top, scale))
     peaks = row.peaks(top, scale)
-    if cap is not None:
-        cols, read = cap.cols, cap.read
-        ids, values = most_likely_first(cap.ids, cap.values)
-    else:
-        cols = row.top_columns(NORMALIZER_COLUMNS)
-        if _outweighed(row, peaks, cols, p):  # no bracket from these columns can decide it
-            return _head(row, p, scale, row.mass(top, scale))
-        read = row.grid[:, cols]
-        flat = np.flatnonzero(read.ravel() > row.outside(cols))  # a prefix of the whole order
-        ids, values = most_likely_first(row.ids(cols, flat), read.ravel()[flat])
+    ids, values = most_likely_first(cap.ids, cap.values)
     cumulative = _cumulative(values, top, scale)
-    low, high = row.mass_bounds(cols, read, top, scale, peaks)
-    kept = _kept(cumulative, p, low, high, capped)
-    if kept is None and cap is not None:  # the cap's columns could not decide: more beside
+    kept = _kept(cumulative, p, *row.mass_bounds(cap.cols, cap.read, top, scale, peaks), True)
+    if kept is None:  # the cap's columns could not decide: more beside
         wider = _beside(row, cap, p, peaks)
         if wider is not None:
-            kept = _kept(cumulative, p, *row.mass_bounds(*wider, top, scale, peaks), capped)
+            kept = _kept(cumulative, p, *row.mass_bounds(*wider, top, scale, peaks), True)
     if kept is None:
         mass = row.mass(top, scale)
-        kept = _kept(cumulative, p, mass, mass, capped)
-        if kept is None and cap is None:  # the head runs past the columns read
-            return _head(row, p, scale, mass)
+        kept = _kept(cumulative, p, mass, mass, True)
     return _first(ids, values, kept)
 
 
@@ -281,25 +264,19 @@ def _beside(
 ) -> tuple[Ids, npt.NDArray[np.float32]] | None:
     """The cap's columns and, read beside them, the NORMALIZER_COLUMNS of largest maxima:
     for a row the model is sure of, whose other columns are light. None when the columns
-    left unread would outweigh them. (They could still find the cap the shorter; on the
-    default model's rows 32 columns never did.)"""
+    left unread are too heavy for those to decide: they keep the bounds (grid rows - 1)
+    times their peaks apart, and when that times p is more than the top token's weight
+    (the most any token has), no token can end its mass >= p under both. (They could
+    still find the cap the shorter; on the default model's rows 32 columns never did.)"""
     extra = row.top_columns(NORMALIZER_COLUMNS)
     known = np.zeros(row.n_cols, bool)
     known[cap.cols] = True
     new = extra[~known[extra]]
     known[new] = True
-    if _outweighed(row, peaks, known, p):
+    unread = float(peaks.sum()) - float(peaks[known].sum())
+    if p * (len(row.grid) - 1) * unread > 1.0:
         return None
     return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.grid[:, new]], axis=1)
-
-
-def _outweighed(row: Row, peaks: Vector, known: npt.NDArray[np.intp | np.bool_], p: float) -> bool:
-    """Whether the columns not `known` are too heavy for a bracket from the known ones to
-    decide a top-p: they keep its bounds (grid rows - 1) times their peaks apart, and when
-    that times p is more than the top token's weight (the most any token has), no token
-    can end its mass >= p under both."""
-    unread = float(peaks.sum()) - float(peaks[known].sum())
-    return p * (len(row.grid) - 1) * unread > 1.0
 
 
 def _kept(

@@ -153,7 +153,7 @@ def test_top_p_alone_reads_its_head_once_the_normalizer_is_summed(
     """A Zipf-like row (probability ~ rank^-alpha) whose top-p head runs past the 32
     columns read: with the normalizer summed, every token above the column maximum at
     which the maxima reach p is read (they hold 57% of the mass at alpha 1.0), or above
-    the least maximum when they hold less (79% at alpha 1.2); when even those tokens
+    the least maximum when they hold less (80% at alpha 1.2); when even those tokens
     hold less than p, llama.cpp's top-p decides."""
     rng = np.random.default_rng(3)
     n_vocab = 64 * 512
