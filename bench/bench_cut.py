@@ -83,7 +83,7 @@ def main() -> None:
     settings = Settings(model=args.model)
     model = Model(settings.resolved_model_path(), model_options(settings))
     recording = FreeDecode(model)
-    rows = recording._recorded
+    rows = recording.recorded
     print(f"\n{args.model}: {len(rows)} recorded rows of {rows.shape[1]:,} logits")
     print(f"µs per row (mean of each row's best of {args.repeat}; slowest row)\n")
     print("| operation | mean | slowest |")

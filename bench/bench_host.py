@@ -71,7 +71,7 @@ class FreeDecode:
         batch.close()
         # Grammar masks are applied to a row in place, as a real decode's next rows would
         # overwrite them: each decode puts the recorded rows back (counted as decode time).
-        self._recorded = self.real.logits().copy()
+        self.recorded = self.real.logits().copy()
         self._weights = np.ones(flush_bytes // 4, np.float32)  # what a CPU decode reads
         self._next = 0  # the recorded row the next decode's first output gets
 
@@ -83,7 +83,7 @@ class FreeDecode:
         float(self._weights.sum())  # through the caches, as the weights would go
         self.real._n_outputs = n = batch.n_outputs  # what a real decode would have made
         rows = (self._next + np.arange(n)) % ROWS
-        np.take(self._recorded, rows, axis=0, out=self.real.logits())
+        np.take(self.recorded, rows, axis=0, out=self.real.logits())
         self._next = (self._next + n) % ROWS
 
     def rewind(self) -> None:
