@@ -13,6 +13,7 @@ import httpx
 from tests.support.server import RunningServer
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
+REFRAIN = "He climbed the stairs again."
 
 
 def post(server: RunningServer, path: str, **body: object) -> Any:
@@ -82,7 +83,9 @@ def test_a_streamed_branch_never_shows_any_of_a_banned_phrase(server: RunningSer
 
 
 def test_banned_strings_case_sensitive_lets_other_cases_through(server: RunningServer) -> None:
-    prompt = fresh_prompt()
+    # A refrain greedy decoding repeats with confidence: the unbanned case must come back
+    # word for word, and a near tie elsewhere in the story could round the other way.
+    prompt = f"{fresh_prompt()} saw a light. {REFRAIN} {REFRAIN} {REFRAIN}"
     _, phrase = greedy_phrase(server, prompt)
     body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}
     body["banned_strings"] = [phrase.swapcase()]
