@@ -74,6 +74,7 @@ class FreeDecode:
         self.recorded = self.real.logits().copy()
         self._weights = np.ones(flush_bytes // 4, np.float32)  # what a CPU decode reads
         self._next = 0  # the recorded row the next decode's first output gets
+        self.logits = self.real.logits  # every step reads it: not through __getattr__
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)

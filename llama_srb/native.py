@@ -372,6 +372,9 @@ class Context:
         self.n_batch: int = C.llama_n_batch(self.ptr)
         self.memory = C.llama_get_memory(self.ptr)
         self._n_outputs = 0  # logits rows of the last decode
+        # The last view of llama.cpp's logits buffer, by (address, rows): a new view of it
+        # costs more than most of a step's own bookkeeping.
+        self._logits_view: tuple[tuple[int | None, int], npt.NDArray[np.float32]] | None = None
 
     def close(self) -> None:
         if self.ptr:
@@ -401,8 +404,12 @@ class Context:
         (`Batch.add` returns each one's row): a writable view of llama.cpp's buffer."""
         if not self._n_outputs:
             return np.empty((0, self.model.n_vocab), np.float32)
-        ptr = C.llama_get_logits(self.ptr)
-        return np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.model.n_vocab))
+        ptr = C.llama_get_logits(self.ptr)  # on a GPU, it waits for the decode to end
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, self._n_outputs)
+        if self._logits_view is None or self._logits_view[0] != key:
+            view = np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.model.n_vocab))
+            self._logits_view = (key, view)
+        return self._logits_view[1]
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)

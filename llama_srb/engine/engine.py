@@ -11,6 +11,7 @@ comes back from them as KvOps, applied here.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 
@@ -36,6 +37,10 @@ from llama_srb.sampling.masks import Bitmask, MaskBatch
 log = logging.getLogger(__name__)
 
 Sampled = dict[int, tuple[Request, list[ChoiceDelta]]]  # by id(request), in plan order
+# Mid-stream, /metrics' snapshot is renewed at most this often: a copy of the counters
+# costs as much as a tenth of a one-branch step. A step that admits or ends a request, or
+# leaves nothing running, publishes at once.
+SNAPSHOT_SECONDS = 0.05
 
 
 class Engine:
@@ -61,6 +66,7 @@ class Engine:
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
+        self._published_at = -math.inf  # time.perf_counter() of the last publish
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
         self.branch_step = BranchStep(model.eog_tokens, self._masks)
         self.tier_io = TierIO(ctx, budget.tiers, self.stats)
@@ -128,7 +134,13 @@ class Engine:
                 self.watch.end()
             decoded = self.stats.decode_seconds - decoding
             self.stats.host_step_seconds.observe(time.perf_counter() - started - decoded)
-        self.publish_snapshot()
+        if (
+            plan.admitted
+            or not self.scheduler.running
+            or any(output.finished for output in outputs)
+            or time.perf_counter() - self._published_at >= SNAPSHOT_SECONDS
+        ):
+            self.publish_snapshot()
         return outputs
 
     def _run(self, plan: StepPlan) -> list[RequestOutput]:
@@ -163,6 +175,7 @@ class Engine:
 
     def publish_snapshot(self) -> None:
         """Replace `snapshot` (one reference assignment: readers see old or new, whole)."""
+        self._published_at = time.perf_counter()
         scheduler, budget = self.scheduler, self.scheduler.budget
         self.stats.generated_tokens = self.branch_step.drawn
         self.snapshot = EngineSnapshot(
@@ -306,6 +319,8 @@ class Engine:
     def _broken(self, masks: dict[int, Bitmask]) -> dict[int, tuple[Request, str]]:
         """The requests one of whose branches' grammar went past a limit just now."""
         broken: dict[int, tuple[Request, str]] = {}
+        if not masks:  # no grammar ran
+            return broken
         for request in self.scheduler.running:
             for branch in request.live:
                 matcher = branch.sampler.matcher if branch.sampler is not None else None

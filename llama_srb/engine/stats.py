@@ -1,4 +1,4 @@
-"""The engine's counters, and the snapshot of them it publishes after every step: what
+"""The engine's counters, and the snapshot of them it publishes as it steps: what
 /metrics reads (one reference assignment: other threads see an old snapshot or a new one,
 whole, never the live bookkeeping)."""
 
@@ -54,8 +54,9 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class EngineSnapshot:
-    """The engine's counters and gauges as of its last step. The engine thread publishes a
-    new one after every step; other threads (/metrics) read only these, never the live
+    """The engine's counters and gauges as of a recent step. The engine thread publishes a
+    new one at most every SNAPSHOT_SECONDS mid-stream, and after every step that admits or
+    ends a request; other threads (/metrics) read only these, never the live
     bookkeeping, which the engine thread changes (and memoizes) as it goes."""
 
     stats: EngineStats = field(default_factory=EngineStats)

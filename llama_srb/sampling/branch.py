@@ -47,6 +47,14 @@ def token_ids(n_vocab: int) -> npt.NDArray[np.int32]:
     return np.arange(n_vocab, dtype=np.int32)
 
 
+@functools.lru_cache(maxsize=16)
+def minus_inf(n: int) -> Vector:
+    """n masked logits (read-only): the same few ids are masked on every token."""
+    values = np.full(n, -np.inf, np.float32)
+    values.flags.writeable = False
+    return values
+
+
 class Candidates:
     """A llama_token_data array that a branch fills and runs its llama.cpp samplers over,
     reused from token to token (an array and its C struct cost more than the samplers
@@ -214,7 +222,7 @@ class BranchSampler:
         if not parts:
             return
         if len(parts) == 1 and parts[0] is forbidden:  # sorted and distinct, all masked
-            row.patch(forbidden, np.full(len(forbidden), -np.inf, np.float32))
+            row.patch(forbidden, minus_inf(len(forbidden)))
             return
         ids = np.unique(np.concatenate(parts))
         if not len(ids):

@@ -60,16 +60,18 @@ def apply_mask(logits: npt.NDArray[np.float32], mask: Bitmask) -> None:
         np.copyto(logits, _NEG_INF, where=~allowed(mask, n_vocab))
         return
     words = logits.reshape(-1, 32)
-    block = words[mixed]
-    block[~allowed(mask[mixed], 32 * len(mixed)).reshape(-1, 32)] = _NEG_INF
-    if np.count_nonzero(allow_all) < np.count_nonzero(refuse_all):
-        kept = np.flatnonzero(allow_all)
+    kept, refused = np.flatnonzero(allow_all), np.flatnonzero(refuse_all)
+    if len(kept) < len(refused):  # few allowed: the whole row refused, then theirs put back
+        block = words[mixed]
+        block[~allowed(mask[mixed], 32 * len(mixed)).reshape(-1, 32)] = _NEG_INF
         saved = words[kept]
         logits.fill(_NEG_INF)
         words[kept] = saved
-    else:
-        words[refuse_all] = _NEG_INF
-    words[mixed] = block
+        words[mixed] = block
+    else:  # (by index: a boolean index of the words is several times slower)
+        words[refused] = _NEG_INF
+        bits = np.flatnonzero(~allowed(mask[mixed], 32 * len(mixed)))  # in the mixed words
+        logits[mixed[bits >> 5] * 32 + (bits & 31)] = _NEG_INF
 
 
 def allowed_tokens(mask: Bitmask, n_vocab: int) -> npt.NDArray[np.intp]:

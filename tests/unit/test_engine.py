@@ -8,7 +8,9 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
+from llama_srb.engine import engine as engine_module
 from llama_srb.engine.build import Submission
 from llama_srb.engine.request import FinishReason, Request, RequestStatus
 from llama_srb.engine.runtime import Runtime
@@ -64,6 +66,29 @@ def test_branches_fork_from_one_prefill_and_match_each_decoded_alone() -> None:
     # every step that decoded says how long it spent outside llama_decode
     host = snapshot.stats.host_step_seconds
     assert host.count == snapshot.stats.steps and host.total > 0
+
+
+def test_the_snapshot_is_renewed_when_a_request_comes_or_goes_not_on_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(engine_module, "SNAPSHOT_SECONDS", math.inf)  # never by the clock
+    engine, _ = make_engine(n_batch=16)
+    engine.add(make_request("a", story(12), n=2, max_tokens=6))
+    engine.step()  # admitted, and its prompt read
+    admitted = engine.snapshot
+    assert admitted.requests_running == 1 and admitted.sequences_running == 2
+    for _ in range(3):  # mid-stream: the counters move on, the published copy waits
+        engine.step()
+        assert engine.snapshot is admitted
+    assert engine.branch_step.drawn > admitted.stats.generated_tokens
+    run(engine)
+    assert engine.snapshot.requests_running == 0
+    assert engine.snapshot.stats.generated_tokens == 12 == engine.branch_step.drawn
+    monkeypatch.setattr(engine_module, "SNAPSHOT_SECONDS", 0.0)  # by the clock: every step
+    engine.add(make_request("b", story(12), max_tokens=4))
+    for _ in range(3):
+        engine.step()
+    assert engine.snapshot.stats.generated_tokens == engine.branch_step.drawn == 14
 
 
 def test_a_deterministic_request_decodes_one_branch_for_all_its_choices() -> None:
