@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 
 Sampled = dict[int, tuple[Request, list[ChoiceDelta]]]  # by id(request), in plan order
 # Mid-stream, /metrics' snapshot is renewed at most this often: a copy of the counters
-# costs as much as a tenth of a one-branch step. A step that admits or ends a request, or
-# leaves nothing running, publishes at once.
+# costs as much as a tenth of a one-branch step. A step that admits or ends a request, finds
+# another one queued, or leaves nothing running, publishes at once.
 SNAPSHOT_SECONDS = 0.05
 
 
@@ -134,14 +134,19 @@ class Engine:
                 self.watch.end()
             decoded = self.stats.decode_seconds - decoding
             self.stats.host_step_seconds.observe(time.perf_counter() - started - decoded)
-        if (
-            plan.admitted
-            or not self.scheduler.running
-            or any(output.finished for output in outputs)
-            or time.perf_counter() - self._published_at >= SNAPSHOT_SECONDS
-        ):
+        if self._snapshot_due(plan, outputs):
             self.publish_snapshot()
         return outputs
+
+    def _snapshot_due(self, plan: StepPlan, outputs: list[RequestOutput]) -> bool:
+        scheduler = self.scheduler
+        return bool(
+            plan.admitted
+            or not scheduler.running
+            or len(scheduler.waiting) != self.snapshot.requests_waiting
+            or any(output.finished for output in outputs)
+            or time.perf_counter() - self._published_at >= SNAPSHOT_SECONDS
+        )
 
     def _run(self, plan: StepPlan) -> list[RequestOutput]:
         """Decode the plan's calls, each sampled before the next overwrites its logits;

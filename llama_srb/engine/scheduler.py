@@ -157,15 +157,19 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        held = self._held()
-        self._admit(plan, held)
+        held: Counter[str] | None = None  # who holds what: only for admissions and prompts
+        if len(self.waiting):
+            held = self._held()
+            self._admit(plan, held)
         for request in self.running:
             if request.status is RequestStatus.DECODING:
                 plan.decode.extend((request, branch) for branch in request.live)
         room = self.pacer.prefill_room(len(plan.decode), self.n_batch - len(plan.decode))
         # Prompt room as the queue: first the clients that hold the fewest sequences.
         prefilling = [r for r in self.running if r.status is RequestStatus.PREFILLING]
-        prefilling.sort(key=lambda r: (held[r.client], r.arrival))
+        if len(prefilling) > 1:
+            held = held if held is not None else self._held()
+            prefilling.sort(key=lambda r: (held[r.client], r.arrival))
         for request in prefilling:
             if room <= 0:
                 break

@@ -55,9 +55,9 @@ class EngineStats:
 @dataclass(frozen=True)
 class EngineSnapshot:
     """The engine's counters and gauges as of a recent step. The engine thread publishes a
-    new one at most every SNAPSHOT_SECONDS mid-stream, and after every step that admits or
-    ends a request; other threads (/metrics) read only these, never the live
-    bookkeeping, which the engine thread changes (and memoizes) as it goes."""
+    new one after every step that admits or ends a request or finds another one queued,
+    and mid-stream at most every SNAPSHOT_SECONDS; other threads (/metrics) read only
+    these, never the live bookkeeping, which the engine thread changes as it goes."""
 
     stats: EngineStats = field(default_factory=EngineStats)
     requests_running: int = 0

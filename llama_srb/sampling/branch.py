@@ -301,7 +301,7 @@ class BranchSampler:
             if plan.cut is CutKind.TOP_K:
                 ids, values, *_ = row.top_k(p.top_k)
             else:
-                ids, values, *_ = row.at_least(row.max + math.log(p.min_p) / plan.scale)
+                ids, values = row.tokens_at_least(row.max + math.log(p.min_p) / plan.scale)
             ids, values = most_likely_first(ids, values)
         if plan.scale != 1.0:
             values = values * np.float32(plan.scale)

@@ -65,6 +65,24 @@ def test_cuts_keep_what_sorting_the_whole_row_keeps(n_vocab: int) -> None:
             assert set(kept.ids.tolist()) == set(np.argsort(-row)[:k].tolist())
 
 
+@pytest.mark.parametrize("n_vocab", [64 * 512, 50_257])
+def test_tokens_at_least_are_at_leasts_through_columns_or_the_whole_row(n_vocab: int) -> None:
+    for row in rows(n_vocab, count=4):
+        row[: n_vocab // 3] = -np.inf  # a grammar's refusals: whole columns and parts of them
+        cut = Row(row.copy())
+        top = float(row.max())
+        shares = []
+        for q in (0.5, 1e-2, 1e-4, 1e-8):  # a few columns up to nearly all of them
+            threshold = top + math.log(q)
+            shares.append(np.count_nonzero(cut.colmax >= threshold) / cut.n_cols)
+            ids, values = cut.tokens_at_least(threshold)
+            assert np.array_equal(ids, np.flatnonzero(row >= threshold))  # ascending, as:
+            assert np.array_equal(ids, cut.at_least(threshold).ids)
+            assert np.array_equal(values, row[ids])
+        whole_row = [share * cut_module.WHOLE_ROW_COLUMNS > 1 for share in shares]
+        assert not whole_row[0] and whole_row[-1]  # both ways taken
+
+
 def test_greedy_takes_the_lowest_id_of_equal_maxima() -> None:
     row = rows(count=1)[0]
     row[[900, 17, 30_000]] = row.max() + 1.0

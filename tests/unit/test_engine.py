@@ -72,7 +72,7 @@ def test_the_snapshot_is_renewed_when_a_request_comes_or_goes_not_on_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(engine_module, "SNAPSHOT_SECONDS", math.inf)  # never by the clock
-    engine, _ = make_engine(n_batch=16)
+    engine, _ = make_engine(n_batch=16, max_live=2)
     engine.add(make_request("a", story(12), n=2, max_tokens=6))
     engine.step()  # admitted, and its prompt read
     admitted = engine.snapshot
@@ -81,14 +81,17 @@ def test_the_snapshot_is_renewed_when_a_request_comes_or_goes_not_on_every_step(
         engine.step()
         assert engine.snapshot is admitted
     assert engine.branch_step.drawn > admitted.stats.generated_tokens
+    engine.add(make_request("queued", story(12), n=2, max_tokens=2))  # no room: it waits
+    engine.step()
+    assert engine.snapshot.requests_waiting == 1
     run(engine)
-    assert engine.snapshot.requests_running == 0
-    assert engine.snapshot.stats.generated_tokens == 12 == engine.branch_step.drawn
+    assert engine.snapshot.requests_running == engine.snapshot.requests_waiting == 0
+    assert engine.snapshot.stats.generated_tokens == 16 == engine.branch_step.drawn
     monkeypatch.setattr(engine_module, "SNAPSHOT_SECONDS", 0.0)  # by the clock: every step
     engine.add(make_request("b", story(12), max_tokens=4))
     for _ in range(3):
         engine.step()
-    assert engine.snapshot.stats.generated_tokens == engine.branch_step.drawn == 14
+    assert engine.snapshot.stats.generated_tokens == engine.branch_step.drawn == 18
 
 
 def test_a_deterministic_request_decodes_one_branch_for_all_its_choices() -> None:
