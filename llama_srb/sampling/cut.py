@@ -155,7 +155,8 @@ class Row:
         return int(self.ids(cols, np.flatnonzero(self.grid[:, cols] == self.max)).min())
 
     def at_least(self, threshold: float) -> Cut:
-        """Every token whose logit is at least `threshold` (min-p's cut)."""
+        """Every token whose logit is at least `threshold`, with the columns read for it (a
+        min-p cap: they bracket the normalizer of the top-p before it)."""
         return self._read_at_least(np.flatnonzero(self.colmax >= threshold), threshold)
 
     def tokens_at_least(self, threshold: float) -> tuple[Ids, Vector]:
