@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from llama_srb.bundled_model import bundled_model_path
 from llama_srb.native import Model, native_thread
 from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, constraints_for
-from llama_srb.sampling.masks import MaskBatch, allowed_tokens, apply_mask
+from llama_srb.sampling.cut import Row
+from llama_srb.sampling.masks import MaskBatch, allowed_tokens
 from llama_srb.sampling.params import ParamError
 from tests.support.pathological import chain
 
@@ -74,7 +75,7 @@ def masks_table(model: Model, steps: int, threads: int | None) -> None:
     json_schema = ConstraintSpec(ConstraintKind.JSON_SCHEMA, SCHEMA, "p")
     row = batch.fill([constraints.compile(json_schema).matcher()])
     for label, fn in (
-        ("apply_mask (row → -inf where refused)", lambda: apply_mask(logits, row[0])),
+        ("Row.mask (row → -inf where refused, column maxima)", lambda: Row(logits).mask(row[0])),
         ("allowed_tokens (ids of a row)", lambda: allowed_tokens(row[0], model.n_vocab)),
     ):
         started = time.perf_counter()

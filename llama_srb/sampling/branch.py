@@ -34,7 +34,7 @@ from llama_srb.sampling.chain import (
 )
 from llama_srb.sampling.constraint import GRAMMAR_COMPLETE, Matcher
 from llama_srb.sampling.cut import Ids, Row, Vector, most_likely_first, top_p
-from llama_srb.sampling.masks import Bitmask, apply_mask
+from llama_srb.sampling.masks import Bitmask
 from llama_srb.sampling.params import SamplingParams
 
 # llama_token_data: {int32 id; float logit; float p}, 12 bytes, no padding.
@@ -185,8 +185,7 @@ class BranchSampler:
         the chain leaves any. Accepted, as llama_sampler_sample does; GRAMMAR_COMPLETE
         when the grammar allows nothing more."""
         if mask is not None:  # in place: a row is one branch's, or all at a grammar's start
-            apply_mask(row.logits, mask)
-            row.refresh()
+            row.mask(mask)
         unfiltered = self.plan.cut in (CutKind.GREEDY, CutKind.DRAW)
         if taken and unfiltered:  # nothing filters: the taken ones are simply ruled out
             taken_ids = np.fromiter(taken, np.int64, len(taken))

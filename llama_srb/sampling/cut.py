@@ -26,12 +26,12 @@ token needs no normalizer: it is a rejection over the columns.
 from __future__ import annotations
 
 import functools
-import math
-import threading
 from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
+
+from llama_srb.sampling import _rows
 
 Vector = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
@@ -48,12 +48,10 @@ WHOLE_ROW_COLUMNS = 16
 # From this many tokens up, sorting them by one key per token (value bits, position) is
 # faster than numpy's stable sort (a merge sort): 2,000 tokens 121 -> 46 µs, 8,000 732 -> 146.
 KEYED_SORT = 1024
-# The relative rounding of a float32 exp() and pairwise sum over a row is below 1e-6: the
-# normalizer's bounds are widened by ten times that, so they stay bounds.
+# The relative rounding of exp_sum over a row (a 2e-7 exp(), float32 sums of 64) and of
+# the peaks' pairwise sum is below 1e-6: the normalizer's bounds are widened by ten times
+# that, so they stay bounds.
 MASS_ROUNDING = 1e-5
-# Below this, exp(scale * logit) of the whole vocabulary neither overflows a float32 sum
-# nor loses a relative 1e-15 of the mass to underflow: the normalizer skips its shift.
-UNSHIFTED_EXP = 40.0
 
 
 @functools.lru_cache(maxsize=8)
@@ -74,8 +72,9 @@ class Cut(NamedTuple):
 
 
 class Row:
-    """One logits row as the cuts read it. `patch` changes a few tokens in place (and the
-    maxima of their columns) until `restore`: the chain's bias, penalties and masks."""
+    """One logits row as the cuts read it. `mask` refuses a grammar's tokens for good;
+    `patch` changes a few tokens in place (and the maxima of their columns) until
+    `restore`: the chain's bias, penalties and masked tokens."""
 
     __slots__ = ("_colmax", "_max", "_saved", "grid", "logits", "n_cols")
 
@@ -100,10 +99,12 @@ class Row:
         row that several branches patch is read before."""
         self._colmax = self.colmax
 
-    def refresh(self) -> None:
-        """Read the column maxima again when next used: the row was changed in place."""
+    def mask(self, mask: npt.NDArray[np.int32]) -> None:
+        """Set the logits of the tokens a grammar's `mask` refuses (int32 words, bit t
+        allowing token t) to -inf in place, reading the column maxima in the same pass."""
         assert self._saved is None, "not while patched"
-        self._colmax = self._max = None
+        self._colmax, self._max = np.empty(self.n_cols, np.float32), None
+        _rows.mask_row(self.logits, mask, self._colmax)
 
     @property
     def max(self) -> float:
@@ -128,7 +129,7 @@ class Row:
         if len(moved):
             self._max = None
             self._colmax = self.colmax.copy()  # the maxima may be shared with other branches
-            self._colmax[moved] = self.grid[:, moved].max(axis=0)
+            self._colmax[moved] = self.columns(moved).max(axis=0)
 
     def restore(self) -> None:
         if self._saved is not None:
@@ -138,8 +139,13 @@ class Row:
 
     # -- reading the row through its columns ------------------------------------------
 
+    def columns(self, cols: Ids) -> npt.NDArray[np.float32]:
+        """grid[:, cols], in C order: numpy's own index of the columns is in Fortran
+        order, which each ravel copies (3-5x slower, with it, at 40-1,000 columns)."""
+        return np.take(self.grid, cols, axis=1)
+
     def ids(self, cols: Ids, flat: npt.NDArray[np.intp]) -> Ids:
-        """The token ids of positions `flat` in the raveled grid[:, cols]."""
+        """The token ids of positions `flat` in the raveled columns(cols)."""
         rows, at = np.divmod(flat, len(cols))
         return rows * self.n_cols + cols[at]
 
@@ -152,7 +158,7 @@ class Row:
         if self._colmax is None:  # one pass over the row, which a greedy pick reads alone
             return int(np.argmax(self.logits))
         cols = np.flatnonzero(self.colmax == self.max)
-        return int(self.ids(cols, np.flatnonzero(self.grid[:, cols] == self.max)).min())
+        return int(self.ids(cols, np.flatnonzero(self.columns(cols) == self.max)).min())
 
     def at_least(self, threshold: float) -> Cut:
         """Every token whose logit is at least `threshold`, with the columns read for it (a
@@ -170,7 +176,7 @@ class Row:
         return ids, self.logits[ids]
 
     def _read_at_least(self, cols: Ids, threshold: float) -> Cut:
-        read = self.grid[:, cols]
+        read = self.columns(cols)
         flat = np.flatnonzero(read >= threshold)
         return Cut(self.ids(cols, flat), read.ravel()[flat], cols, read)
 
@@ -178,13 +184,13 @@ class Row:
         """The k most likely tokens. The k columns with the largest maxima hold them:
         their k maxima are k tokens at least as likely as any token of another column."""
         cols = self.top_columns(k)
-        read = self.grid[:, cols]
+        read = self.columns(cols)
         values = read.ravel()
         return Cut(self.ids(cols, flat := largest(values, k)), values[flat], cols, read)
 
     def peaks(self, top: float, scale: float) -> Vector:
         """Each column maximum's weight, exp(scale * (maximum - top))."""
-        return np.exp(_shifted(self.colmax, top, scale))
+        return np.exp((self.colmax - np.float32(top)) * np.float32(scale))
 
     def mass_bounds(
         self, cols: Ids, read: npt.NDArray[np.float32], top: float, scale: float, peaks: Vector
@@ -193,25 +199,16 @@ class Row:
         of columns `cols` and each other column's maximum (`peaks`: their weights): a
         token of the column at the least, all of them at the most. Summed in float32, so
         each bound is widened by far more than its rounding (MASS_ROUNDING)."""
-        exact = float(_exp_sum(read, top, scale))
+        exact = _rows.exp_sum(read, top, scale)
         others = max(float(peaks.sum()) - float(peaks[cols].sum()), 0.0)
         low, high = exact + others, exact + len(self.grid) * others
         return low * (1 - MASS_ROUNDING), high * (1 + MASS_ROUNDING)
 
     def mass(self, top: float, scale: float) -> float:
-        """sum(exp(scale * (logit - top))) over every token: one exp() pass over the row,
-        summed down the grid's columns and then pairwise (float32: under 5e-6 relative,
-        finer than llama.cpp's own running sum)."""
-        scratch = _scratch(len(self.logits))  # reused: a new 1 MB array costs page faults
-        if abs(scale * top) < UNSHIFTED_EXP:  # exp(scale * logit) itself: no shift pass
-            shift, scaled = top, self.logits
-            if scale != 1.0:
-                scaled = np.multiply(scaled, np.float32(scale), out=scratch)
-        else:
-            shift, scaled = 0.0, _shifted(self.logits, top, scale, scratch)
-        weights = np.exp(scaled, out=scratch).reshape(self.grid.shape)
-        # a column sum is a vector add per grid row: several times faster than pairwise
-        return float(weights.sum(axis=0).sum()) * math.exp(-scale * shift)
+        """sum(exp(scale * (logit - top))) over every token, `top` the row's maximum: one
+        pass in C (sampling/_rows.c), as float32 sums of 64 added up in double (under 1e-6
+        relative, finer than llama.cpp's own running sum)."""
+        return _rows.exp_sum(self.logits, top, scale)
 
     def draw(self, scale: float, rng: np.random.Generator) -> int:
         """A token drawn from softmax(scale * logits) over the whole vocabulary, exactly:
@@ -259,10 +256,8 @@ def _head(row: Row, p: float, scale: float, mass: float) -> tuple[Ids, Vector] |
     column maximum at which the maxima, largest first, add up to p. They are tokens, so
     the tokens above it hold p at least. None when even the tokens above the least
     maximum hold less than p."""
-    maxima = np.sort(row.colmax[row.colmax > -np.inf])[::-1]  # not a grammar's refusals
-    at = int(np.searchsorted(_cumulative(maxima, row.max, scale), p * mass))
     # maxima that hold less than p: every token above the least of them, if those do
-    threshold = float(maxima[min(at, len(maxima) - 1)])
+    threshold = _rows.head(row.colmax, row.max, scale, p * mass)
     ids, values = most_likely_first(*row.tokens_at_least(threshold))
     return _first(ids, values, _kept(_cumulative(values, row.max, scale), p, mass, mass, False))
 
@@ -292,7 +287,7 @@ def _beside(
     unread = float(peaks.sum()) - float(peaks[known].sum())
     if p * (len(row.grid) - 1) * unread > 1.0:
         return None
-    return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.grid[:, new]], axis=1)
+    return np.concatenate([cap.cols, new]), np.concatenate([cap.read, row.columns(new)], axis=1)
 
 
 def _kept(
@@ -310,46 +305,13 @@ def _kept(
 
 
 def largest(values: Vector, k: int) -> npt.NDArray[np.intp]:
-    """The positions of the k largest `values`; -inf ones (a grammar's refusals) fill it
-    when fewer are finite. Ties at -inf make a partition several times slower: they are
-    left out of it."""
+    """The positions of the k largest `values` (C-contiguous float32), in no order; -inf
+    ones (a grammar's refusals) fill it when fewer are finite."""
     if k >= len(values):
         return np.arange(len(values))
-    if values.min() > -np.inf:
-        return np.argpartition(values, -k)[-k:]
-    finite = np.flatnonzero(values > -np.inf)
-    if len(finite) <= k:
-        return np.concatenate([finite, np.flatnonzero(values == -np.inf)[: k - len(finite)]])
-    return finite[np.argpartition(values[finite], -k)[-k:]]
-
-
-def _shifted(
-    values: npt.NDArray[np.float32], top: float, scale: float, out: Vector | None = None
-) -> Vector:
-    """scale * (values - top), in float32: into `out`, or a new array."""
-    shifted = np.subtract(values, np.float32(top), out=out)
-    if scale != 1.0:
-        shifted *= np.float32(scale)
-    return shifted
-
-
-def _exp_sum(
-    values: npt.NDArray[np.float32], top: float, scale: float, out: Vector | None = None
-) -> np.float32:
-    """sum(exp(scale * (values - top))), in float32."""
-    shifted = _shifted(values, top, scale, out)
-    return np.exp(shifted, out=shifted).sum()
-
-
-_local = threading.local()
-
-
-def _scratch(size: int) -> Vector:
-    """A float32 buffer of `size`, the calling thread's own (the engine thread's)."""
-    buffer: Vector | None = getattr(_local, "buffer", None)
-    if buffer is None or len(buffer) != size:
-        buffer = _local.buffer = np.empty(size, np.float32)
-    return buffer
+    positions = np.empty(k, np.intp)
+    _rows.top_k(values, positions)
+    return positions
 
 
 def most_likely_first(ids: Ids, values: Vector) -> tuple[Ids, Vector]:

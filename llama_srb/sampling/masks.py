@@ -1,5 +1,6 @@
 """Token masks for the constrained rows of a step: every matcher's mask computed in one
-call (llguidance's pool, outside the GIL) into one bitmask, and applied to logits rows.
+call (llguidance's pool, outside the GIL) into one bitmask (a row applies one to itself:
+sampling/cut.py's `Row.mask`).
 
 A mask row is ceil(n_vocab / 32) int32 words, bit t of the row allowing token t.
 """
@@ -16,7 +17,6 @@ import numpy.typing as npt
 from llama_srb.sampling.constraint import Matcher
 
 Bitmask = npt.NDArray[np.int32]
-_NEG_INF = np.float32(-np.inf)
 
 
 class MaskBatch:
@@ -46,32 +46,6 @@ def allowed(mask: Bitmask, n_vocab: int) -> npt.NDArray[np.bool_]:
     """One mask row as one bool per token."""
     bits = np.unpackbits(mask.view(np.uint8), count=n_vocab, bitorder="little")
     return bits.view(np.bool_)
-
-
-def apply_mask(logits: npt.NDArray[np.float32], mask: Bitmask) -> None:
-    """Set the logits of the tokens `mask` forbids to -inf, in place. A JSON or grammar
-    mask is mostly whole words (32 tokens all allowed or all refused): when it is, the
-    row is handled 32 tokens at a time, only its mixed words bit by bit, and only the
-    fewer side is written (the refused words, or the allowed ones after one fill)."""
-    n_vocab = len(logits)
-    allow_all, refuse_all = mask == -1, mask == 0
-    mixed = np.flatnonzero(~(allow_all | refuse_all))
-    if n_vocab % 32 or len(mixed) * 8 > len(mask):  # scattered: bit by bit, the whole row
-        np.copyto(logits, _NEG_INF, where=~allowed(mask, n_vocab))
-        return
-    words = logits.reshape(-1, 32)
-    kept, refused = np.flatnonzero(allow_all), np.flatnonzero(refuse_all)
-    if len(kept) < len(refused):  # few allowed: the whole row refused, then theirs put back
-        block = words[mixed]
-        block[~allowed(mask[mixed], 32 * len(mixed)).reshape(-1, 32)] = _NEG_INF
-        saved = words[kept]
-        logits.fill(_NEG_INF)
-        words[kept] = saved
-        words[mixed] = block
-    else:  # (by index: a boolean index of the words is several times slower)
-        words[refused] = _NEG_INF
-        bits = np.flatnonzero(~allowed(mask[mixed], 32 * len(mixed)))  # in the mixed words
-        logits[mixed[bits >> 5] * 32 + (bits & 31)] = _NEG_INF
 
 
 def allowed_tokens(mask: Bitmask, n_vocab: int) -> npt.NDArray[np.intp]:

@@ -24,7 +24,8 @@ from llama_srb.sampling.constraint import (
     Matcher,
     constraints_for,
 )
-from llama_srb.sampling.masks import MaskBatch, allowed, allowed_tokens, apply_mask
+from llama_srb.sampling.cut import Row
+from llama_srb.sampling.masks import MaskBatch, allowed, allowed_tokens
 from llama_srb.sampling.params import ParamError
 from tests.support.pathological import chain
 
@@ -161,12 +162,12 @@ def test_batched_masks_are_the_masks_one_by_one(model: Model, constraints: Const
         assert np.array_equal(together[i], alone.fill([m.fork()])[0])
 
 
-def test_apply_mask_and_allowed_tokens_agree(model: Model, constraints: Constraints) -> None:
+def test_a_masked_row_and_allowed_tokens_agree(model: Model, constraints: Constraints) -> None:
     matcher = compile_(constraints, ConstraintKind.REGEX, r"[0-9]+")
     row = MaskBatch(model.n_vocab).fill([matcher])[0]
     logits = np.random.default_rng(0).standard_normal(model.n_vocab).astype(np.float32)
     before = logits.copy()
-    apply_mask(logits, row)
+    Row(logits).mask(row)
     ids = allowed_tokens(row, model.n_vocab)
     assert np.array_equal(np.flatnonzero(np.isfinite(logits)), ids)
     assert np.array_equal(logits[ids], before[ids])

@@ -233,7 +233,7 @@ def test_the_mass_bounds_bracket_the_normalizer() -> None:
         for m in (0, 5, 100):
             cols = cut.top_columns(m)
             peaks = cut.peaks(cut.max, 1.0)
-            low, high = cut.mass_bounds(cols, cut.grid[:, cols], cut.max, 1.0, peaks)
+            low, high = cut.mass_bounds(cols, cut.columns(cols), cut.max, 1.0, peaks)
             assert low <= exact * (1 + 1e-9) and exact <= high * (1 + 1e-9)
 
 
