@@ -1,5 +1,5 @@
-"""The C part of llama-srb: two loops over a logits row (llama_srb/sampling/_rows.c) that
-numpy makes in several passes. Everything else is in pyproject.toml."""
+"""The C part of llama-srb: four loops over a logits row (llama_srb/sampling/_rows.c) that
+numpy makes slowly. Everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
