@@ -30,6 +30,7 @@ from llama_srb.native import Model
 from llama_srb.sampling.errors import ParamError
 from llama_srb.sampling.gbnf import gbnf_to_lark
 from llama_srb.sampling.grammar import MAX_GRAMMAR_CHARS, check_grammar
+from llama_srb.sampling.schema_bounds import as_llama_cpp_reads
 
 # What one step of one matcher may cost, with llguidance's measured speeds: a step that
 # would need more ends the branch with an error that names the limit. Earley items and
@@ -180,7 +181,7 @@ class Constraints:
                 raise ParamError(spec.param, "the JSON schema must be an object")
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(
-                    json.dumps(closed_objects(source)),
+                    json.dumps(as_llama_cpp_reads(source)),
                     defaults={"whitespace_pattern": JSON_WHITESPACE},
                 )
             except ValueError as exc:
@@ -206,36 +207,6 @@ class Constraints:
     def _token_for(self, spelled: str) -> int | None:
         tokens = self._model.tokenize(spelled, add_special=False, parse_special=True)
         return tokens[0] if len(tokens) == 1 else None
-
-
-# The keywords whose values are schemas, lists of schemas, or maps of names to schemas.
-_SCHEMA = ("additionalProperties", "items", "not", "if", "then", "else", "contains")
-_SCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions")
-
-
-def closed_objects(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` as llama.cpp's converter reads it (json-schema-to-grammar): an object that
-    lists its properties has no others unless `additionalProperties` says so (the JSON
-    Schema default, which llguidance follows, allows any: a small model adds keys on and
-    on). A copy; the client's schema is left as sent."""
-    copy: dict[str, Any] = json.loads(json.dumps(schema))
-    stack: list[object] = [copy]
-    while stack:  # not recursive: the nesting is the client's
-        node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        if isinstance(node.get("properties"), dict):
-            node.setdefault("additionalProperties", False)
-        stack += [node[key] for key in _SCHEMA if key in node]
-        stack += [s for key in _SCHEMAS if isinstance(node.get(key), list) for s in node[key]]
-        stack += [
-            s
-            for key in _NAMED_SCHEMAS
-            if isinstance(node.get(key), dict)
-            for s in node[key].values()
-        ]
-    return copy
 
 
 def _tokenizer(model: Model) -> llguidance.LLTokenizer:

@@ -3,14 +3,23 @@ tests/integration/test_constraint.py) and logit bias, with 400-worthy errors (no
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import llguidance
 import pytest
 
-from llama_srb.api.input.params import ANY_JSON_OBJECT, constraint_spec, logit_bias
+from llama_srb.api.input.params import constraint_spec, logit_bias
 from llama_srb.api.schemas.sampling import SamplingFields
-from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, closed_objects
+from llama_srb.sampling.constraint import JSON_WHITESPACE, ConstraintKind, ConstraintSpec
 from llama_srb.sampling.params import ParamError
+from llama_srb.sampling.schema_bounds import (
+    ANY_JSON_OBJECT,
+    NUMBER_BOUND,
+    STRING_LENGTH,
+    as_llama_cpp_reads,
+)
+from tests.integration.judges import llguidance_verdict
 
 SCHEMA = {
     "type": "object",
@@ -118,10 +127,49 @@ def test_objects_with_properties_have_no_others_as_llama_cpp_reads_a_schema() ->
         },
         "anyOf": [{"properties": {"q": {}}, "additionalProperties": True}],
     }
-    closed = closed_objects(schema)
+    closed = as_llama_cpp_reads(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["properties"]["additionalProperties"] is False  # a key, not a map
     assert "additionalProperties" not in closed["properties"]  # the map of properties itself
     assert closed["properties"]["list"]["items"]["additionalProperties"] is False
     assert closed["anyOf"][0]["additionalProperties"] is True  # what the client said stays
     assert "additionalProperties" not in schema  # a copy
+
+
+def bounded(schema: dict[str, Any], text: str) -> bool:
+    """Whether llguidance takes `text` whole under `schema` as the server compiles it."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        json.dumps(as_llama_cpp_reads(schema)), defaults={"whitespace_pattern": JSON_WHITESPACE}
+    )
+    return llguidance_verdict(grammar, text, complete=True) is None
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "taken"),
+    [
+        ({"type": "integer"}, "9" * 16, True),
+        ({"type": "integer"}, "-" + "9" * 16, True),
+        ({"type": "integer"}, "2" * 17, False),  # llama.cpp's converter: 16 digits at most
+        ({"type": "number"}, "0." + "1" * 10, True),
+        ({"type": "number"}, "0." + "1" * 11, False),
+        ({"type": "number"}, "2" * 17, False),
+        ({"type": "string"}, '"' + "a" * STRING_LENGTH + '"', True),
+        ({"type": "string"}, '"' + "a" * (STRING_LENGTH + 1) + '"', False),
+        ({"type": ["integer", "null"]}, "2" * 17, False),
+        # what the schema says wins
+        ({"type": "integer", "maximum": 10**18}, "9" * 18, True),
+        ({"type": "integer", "minimum": 10**12}, str(10**12 + NUMBER_BOUND), True),
+        ({"type": "integer", "minimum": 10**12}, str(2 * NUMBER_BOUND), False),
+        ({"type": "number", "multipleOf": 0.5}, "2.5", True),
+        ({"type": "string", "maxLength": 3}, '"abcd"', False),
+        ({"type": "string", "pattern": "^a+$"}, '"' + "a" * 2000 + '"', True),
+        ({"enum": [10**20]}, str(10**20), True),
+        # json_object: any object, its values bounded too
+        (ANY_JSON_OBJECT, '{"a": [1, "x", {"b": null}], "c": true}', True),
+        (ANY_JSON_OBJECT, '{"a": {"b": [' + "2" * 17 + "]}}", False),
+    ],
+)
+def test_answers_close_as_llama_cpps_converter_bounds_them(
+    schema: dict[str, Any], text: str, taken: bool
+) -> None:
+    assert bounded(schema, text) is taken

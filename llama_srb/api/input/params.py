@@ -26,6 +26,7 @@ from llama_srb.native import Model, vocab_error
 from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, constraints_for
 from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
 from llama_srb.sampling.params import ParamError, SamplingParams
+from llama_srb.sampling.schema_bounds import ANY_JSON_OBJECT
 
 # Without max_tokens a reply may take what fits in the context, up to this many tokens:
 # each branch's tokens are reserved in the KV cache when its request is admitted, so an
@@ -130,9 +131,6 @@ def constraint_spec(body: SamplingFields) -> ConstraintSpec | None:
         kind = ConstraintKind.LARK if is_lark(value) else ConstraintKind.GBNF
         return ConstraintSpec(kind, value, param)
     return ConstraintSpec(ConstraintKind.GBNF, value, param)
-
-
-ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}  # what an empty schema asks for
 
 
 def is_lark(grammar: str) -> bool:
