@@ -7,11 +7,13 @@ under an LRU byte budget; what falls out of it goes to disk under another; at sh
 rest follows, so a story outlives the process.
 
 Disk files are never trusted: each names what made its bytes meaningful (the fingerprint:
-model file, llama.cpp build, KV types, sliding window) and carries a checksum; a file that
-is foreign, stale, truncated or corrupt is removed with a log line and read again instead.
-Writes go to a temporary name in the same folder, are fsynced and renamed, so another
-process sharing the folder (or this one after a kill -9) never sees half a file. A disk
-that fails a write (full, read-only) turns the disk tier off; serving goes on.
+model file, llama.cpp build, KV types, sliding window) and carries a checksum; every size
+in it is checked against the file's before anything is read, and a file that is foreign,
+stale, truncated, corrupt or otherwise damaged is removed with a log line and its prompt
+read again instead. Writes go to a locked temporary name in the same folder, are fsynced
+and renamed, so another process sharing the folder (or this one after a kill -9) never
+sees half a file; a dead writer's temporary file goes at the next start. A disk that
+fails a write (full, read-only) turns the disk tier off; serving goes on.
 
 Sliding-window layers: llama.cpp saves only the cells the sequence's last position still
 sees, so a restored entry is exact for a prompt that extends all of it (or all but its last
@@ -23,6 +25,7 @@ Single-threaded: only the engine thread uses a store.
 from __future__ import annotations
 
 import enum
+import fcntl
 import hashlib
 import itertools
 import json
@@ -30,9 +33,9 @@ import logging
 import os
 import struct
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
@@ -45,8 +48,10 @@ MAGIC = b"SRBKV\x00\x01\n"  # file type and format version
 SUFFIX = ".kv"
 _LENGTH = struct.Struct("<I")  # the header's byte length, after the magic
 MAX_HEADER_BYTES = 1 << 16
+MAX_HEADER_BRACKETS = 8  # the header is one flat object: this bounds json's recursion
 MiB = 1 << 20
-STALE_TEMPORARY_S = 3600.0
+# What reading and parsing a file's bytes can raise: each means "drop this file".
+UNREADABLE = (OSError, ValueError, LookupError, TypeError, RecursionError, struct.error)
 
 
 class Tier(enum.Enum):
@@ -124,12 +129,14 @@ class DiskTier:
         try:
             fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=self.folder)
             with os.fdopen(fd, "wb") as f:
+                # Held until renamed: a start that finds the lock free knows the writer died.
+                fcntl.flock(f, fcntl.LOCK_EX)
                 f.write(MAGIC + _LENGTH.pack(len(header)) + header)
                 f.write(tokens.astype("<i4").tobytes())
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, target)
+                os.replace(tmp, target)
             return target
         except OSError as exc:
             if tmp is not None:
@@ -138,70 +145,71 @@ class DiskTier:
             self.disable(f"writing {target.name} failed: {exc}")
             return None
 
-    def read_header(self, path: Path) -> tuple[dict[str, object], Tokens, int]:
-        """A file's header, its tokens and the offset of its payload; raises ValueError
-        when it is not one of ours, is for other cells, or is cut short."""
-        with path.open("rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
-                raise ValueError("not a llama-srb KV file (or another format version)")
-            (length,) = _LENGTH.unpack(f.read(_LENGTH.size) or b"\0\0\0\0")
-            if not 0 < length <= MAX_HEADER_BYTES:
-                raise ValueError("bad header length")
-            header = json.loads(f.read(length))
-            if not isinstance(header, dict):
-                raise ValueError("bad header")
-            mismatched = [k for k, v in self.fingerprint.items() if header.get(k) != v]
-            if mismatched:
-                raise ValueError(f"made for other cells ({', '.join(mismatched)} differ)")
-            n_tokens, payload = header.get("n_tokens"), header.get("payload_bytes")
-            if not isinstance(n_tokens, int) or not isinstance(payload, int):
-                raise ValueError("bad header")
-            tokens = np.frombuffer(f.read(4 * n_tokens), dtype="<i4").astype(np.int32)
-            offset = f.tell()
-        if len(tokens) != n_tokens or path.stat().st_size != offset + payload:
-            raise ValueError("truncated")
-        return header, tokens, offset
+    def read_header(self, f: BinaryIO) -> tuple[dict[str, object], Tokens, int]:
+        """An open file's header, its tokens and its payload's size, the file left at the
+        payload. Every size is checked against the file's before it is read; raises
+        ValueError when the file is not one of ours, is for other cells, or is damaged."""
+        size = os.fstat(f.fileno()).st_size
+        if f.read(len(MAGIC)) != MAGIC:
+            raise ValueError("not a llama-srb KV file (or another format version)")
+        (length,) = _LENGTH.unpack(_read(f, _LENGTH.size))
+        if not 0 < length <= min(MAX_HEADER_BYTES, size - f.tell()):
+            raise ValueError(f"bad header length {length}")
+        header = parse_header(_read(f, length))
+        mismatched = [k for k, v in self.fingerprint.items() if header.get(k) != v]
+        if mismatched:
+            raise ValueError(f"made for other cells ({', '.join(mismatched)} differ)")
+        n_tokens, payload = header.get("n_tokens"), header.get("payload_bytes")
+        if not _is_count(n_tokens) or not _is_count(payload) or n_tokens == 0:
+            raise ValueError("bad header (n_tokens, payload_bytes)")
+        if max(4 * n_tokens, payload) > self.budget:  # never kept: not read either
+            raise ValueError("larger than the disk tier's budget")
+        if f.tell() + 4 * n_tokens + payload != size:
+            raise ValueError("truncated (its size is not the one its header gives)")
+        tokens = np.frombuffer(_read(f, 4 * n_tokens), dtype="<i4").astype(np.int32)
+        return header, tokens, payload
 
-    def read(self, path: Path, tokens: Tokens) -> bytes | None:
-        """An entry's payload, checked; None (and the file removed) if it is not intact."""
-        try:
-            header, held, offset = self.read_header(path)
-            with path.open("rb") as f:
-                f.seek(offset)
-                data = f.read()
-            if not np.array_equal(held, tokens):
-                raise ValueError("holds other tokens")
+    def read(self, path: Path, tokens: Tokens, nbytes: int) -> bytes | None:
+        """An entry's payload, checked; None (and the file removed) if it is not intact or
+        is not the entry indexed (`tokens`, `nbytes`) any more."""
+        with self._dropping_damaged(path), path.open("rb") as f:
+            header, held, payload = self.read_header(f)
+            if payload != nbytes or not np.array_equal(held, tokens):
+                raise ValueError("changed since it was indexed")
+            data = _read(f, payload)
             if checksum(held, data) != header.get("checksum"):
                 raise ValueError("checksum mismatch (corrupt)")
             return data
-        except (OSError, ValueError) as exc:
-            log.warning("disk cache: skipping %s: %s", path.name, exc)
-            self.remove(path)
-            return None
+        return None
 
     def index(self) -> list[tuple[Path, Tokens, int, float]]:
         """Every valid file: (path, tokens, payload bytes, mtime), oldest first. Invalid ones
-        are removed with a log line, and so are temporary files of a writer that died
-        (older than STALE_TEMPORARY_S: a live one in another process takes milliseconds)."""
+        are removed with a log line, and so are temporary files of a writer that died."""
         if not self.enabled:
             return []
-        now = time.time()
-        for tmp in self.folder.glob(".*.tmp"):
-            with _quiet():
-                if now - tmp.stat().st_mtime > STALE_TEMPORARY_S:
-                    log.warning("disk cache: removing %s, left by a writer that died", tmp.name)
-                    tmp.unlink()
+        self._sweep_temporaries()
         found = []
         for path in sorted(self.folder.glob("*" + SUFFIX)):
-            try:
-                _, tokens, offset = self.read_header(path)
-                stat = path.stat()
-                found.append((path, tokens, stat.st_size - offset, stat.st_mtime))
-            except (OSError, ValueError) as exc:
-                log.warning("disk cache: removing %s: %s", path.name, exc)
-                self.remove(path)
+            with self._dropping_damaged(path), path.open("rb") as f:
+                _, tokens, payload = self.read_header(f)
+                found.append((path, tokens, payload, os.fstat(f.fileno()).st_mtime))
         found.sort(key=lambda item: item[3])
         return found
+
+    def _sweep_temporaries(self) -> None:
+        """Remove the temporary files of writers that died (a kill -9 mid-write): a live
+        writer, in this folder's other processes, holds its file's lock."""
+        for tmp in self.folder.glob(".*.tmp"):
+            with _quiet(), tmp.open("rb") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                log.warning("disk cache: removing %s, left by a writer that died", tmp.name)
+                tmp.unlink()
+
+    def _dropping_damaged(self, path: Path) -> _DropDamaged:
+        return _DropDamaged(self, path)
 
     def remove(self, path: Path) -> None:
         with _quiet():
@@ -220,6 +228,50 @@ class _quiet:
 
     def __exit__(self, kind: object, exc: object, tb: object) -> bool:
         return isinstance(exc, OSError)
+
+
+def parse_header(raw: bytes) -> dict[str, object]:
+    """A header as `DiskTier.write` makes it: one flat JSON object of scalars. The brackets
+    are counted first, so that no header, however nested, recurses deep in json."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_HEADER_BRACKETS:
+        raise ValueError("bad header (nested)")
+    try:
+        header = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise ValueError(f"bad header ({exc})") from None
+    scalars = (str, int, float, bool, type(None))
+    if not isinstance(header, dict) or not all(isinstance(v, scalars) for v in header.values()):
+        raise ValueError("bad header (not a flat object)")
+    return header
+
+
+def _read(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) != n:
+        raise ValueError("truncated")
+    return data
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _DropDamaged:
+    """Whatever reading or parsing a file raises (its bytes are never trusted) drops it:
+    a log line, the file removed, and the block's exception swallowed."""
+
+    def __init__(self, disk: DiskTier, path: Path) -> None:
+        self.disk, self.path = disk, path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        if not isinstance(exc, UNREADABLE):
+            return False
+        log.warning("disk cache: removing %s: %s", self.path.name, exc)
+        self.disk.remove(self.path)
+        return True
 
 
 @dataclass
@@ -307,7 +359,7 @@ class TierStore:
             return entry.data
         data = None
         if entry.path is not None and self.disk is not None:
-            data = self.disk.read(entry.path, entry.tokens)
+            data = self.disk.read(entry.path, entry.tokens, entry.nbytes)
         if data is None:
             self._drop(entry, remove_file=False)  # read() removed a bad file already
         return data

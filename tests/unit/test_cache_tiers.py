@@ -6,10 +6,10 @@ loads the wrong cells samples the wrong tokens)."""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,6 @@ from llama_srb.config import Settings
 from llama_srb.engine.kv import KvBudget, as_tokens
 from llama_srb.engine.tiers import (
     MAGIC,
-    STALE_TEMPORARY_S,
     SUFFIX,
     DiskTier,
     Tier,
@@ -170,6 +169,87 @@ def test_a_damaged_or_foreign_file_is_removed_at_start(
     assert reason in caplog.text
 
 
+def with_header(path: Path, header: bytes, length: int | None = None) -> None:
+    """The file with `header` in place of its own (and `length` for it, if given)."""
+    data = path.read_bytes()
+    start = len(MAGIC) + 4
+    old = int.from_bytes(data[len(MAGIC) : start], "little")
+    claimed = len(header) if length is None else length
+    path.write_bytes(MAGIC + claimed.to_bytes(4, "little") + header + data[start + old :])
+
+
+# Each damaged form of a file (the audit's first two), and the reason logged for it.
+DAMAGED = [
+    pytest.param(lambda p: p.write_bytes(MAGIC + b"\x10\x00"), "truncated", id="short-after-magic"),
+    pytest.param(lambda p: with_header(p, b"[" * 50_000), "nested", id="nested-50000"),
+    pytest.param(
+        lambda p: with_header(p, b"{}", length=0xFFFFFFFF), "header length", id="huge-length"
+    ),
+    pytest.param(
+        lambda p: with_header(p, b'{"a": 1}', length=60_000), "header length", id="length-past-end"
+    ),
+    pytest.param(lambda p: with_header(p, b'{"a": "\xff"}'), "bad header", id="not-utf8"),
+    pytest.param(lambda p: with_header(p, b"[1, 2]"), "not a flat object", id="not-an-object"),
+    pytest.param(lambda p: rewrite_header(p, n_tokens=True), "bad header", id="bool-count"),
+    pytest.param(lambda p: rewrite_header(p, n_tokens=-3), "bad header", id="negative-count"),
+    pytest.param(lambda p: rewrite_header(p, payload_bytes=None), "bad header", id="null-size"),
+    pytest.param(lambda p: rewrite_header(p, n_tokens=10**40), "budget", id="huge-count"),
+    pytest.param(lambda p: rewrite_header(p, checksum=[1, 2]), "flat object", id="list-value"),
+    pytest.param(lambda p: rewrite_header(p, n_swa={"a": 0}), "flat object", id="object-value"),
+    pytest.param(lambda p: p.write_bytes(p.read_bytes()[:-50]), "truncated", id="truncated-body"),
+    pytest.param(
+        lambda p: p.write_bytes(p.read_bytes()[: len(MAGIC) + 30]),
+        "header length",
+        id="cut-in-header",
+    ),
+]
+
+
+@pytest.mark.parametrize(("damage", "reason"), DAMAGED)
+def test_a_damaged_file_is_removed_at_start_never_fatal(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object, reason: str
+) -> None:
+    keep = story(30)
+    kept = saved_file(tmp_path / "kept", keep)
+    os.replace(kept, tmp_path / kept.name)  # a valid file beside the damaged one
+    path = saved_file(tmp_path / "damaged", story(30))
+    damage(path)  # type: ignore[operator]
+    os.replace(path, tmp_path / path.name)
+    path = tmp_path / path.name
+    with caplog.at_level(logging.WARNING):
+        store = TierStore(host_budget=0, disk=disk(tmp_path))
+    assert not path.exists() and reason in caplog.text and path.name in caplog.text
+    (entry,) = store.entries  # the valid file is served
+    assert list(entry.tokens) == keep and store.load(entry) == state(keep)
+
+
+@pytest.mark.parametrize(("damage", "reason"), DAMAGED)
+def test_a_file_damaged_after_it_was_indexed_is_a_miss(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: object, reason: str
+) -> None:
+    """Damaged under a running server: the load is a miss (its request reads the prompt),
+    the entry and the file are gone, and the next load is not tried again."""
+    path = saved_file(tmp_path, story(30))
+    store = TierStore(host_budget=0, disk=disk(tmp_path))
+    (entry,) = store.entries
+    damage(path)  # type: ignore[operator]
+    with caplog.at_level(logging.WARNING):
+        assert store.load(entry) is None
+    assert reason in caplog.text and path.name in caplog.text
+    assert store.entries == [] and not path.exists()
+    assert store.counters.entries[Tier.DISK] == 0 and store.counters.bytes_held[Tier.DISK] == 0
+
+
+def test_a_file_replaced_by_another_entry_is_a_miss(tmp_path: Path) -> None:
+    """Valid, but not the entry indexed under its name (another size or other tokens)."""
+    tokens = story(30)
+    path = saved_file(tmp_path, tokens)
+    store = TierStore(host_budget=0, disk=disk(tmp_path))
+    other = saved_file(tmp_path / "other", story(40))
+    os.replace(other, path)
+    assert store.load(store.entries[0]) is None and not path.exists()
+
+
 def test_a_corrupted_payload_is_caught_when_loaded(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -195,16 +275,20 @@ def test_a_file_removed_by_another_process_is_a_miss(tmp_path: Path) -> None:
 
 def test_a_half_written_file_is_never_read(tmp_path: Path) -> None:
     """A writer that died mid-write (kill -9) or is still writing in another process
-    leaves a temporary name, which the index does not read."""
+    leaves a temporary name, which the index does not read. The dead writer's goes at
+    the next start (it would hold disk outside the budget); the live one holds a lock."""
     tokens = story(30)
     path = saved_file(tmp_path, tokens)
     writing, dead = tmp_path / ".writing.tmp", tmp_path / ".dead.tmp"
     for partial in (writing, dead):
         partial.write_bytes(path.read_bytes()[:40])
-    os.utime(dead, (time.time() - 2 * STALE_TEMPORARY_S,) * 2)
-    store = TierStore(host_budget=0, disk=disk(tmp_path))
+    with writing.open("rb") as live:
+        fcntl.flock(live, fcntl.LOCK_EX)  # as DiskTier.write holds it until the rename
+        store = TierStore(host_budget=0, disk=disk(tmp_path))
     assert [list(e.tokens) for e in store.entries] == [tokens]
     assert writing.exists() and not dead.exists()  # the dead writer's is swept
+    TierStore(host_budget=0, disk=disk(tmp_path))  # its writer is gone now too
+    assert not writing.exists()
 
 
 def test_a_disk_that_refuses_writes_turns_the_tier_off(
@@ -283,6 +367,32 @@ def test_a_restore_that_fails_reads_the_prompt_instead() -> None:
     # Dropped (it would be refused again); what is there now is the second story, which
     # the third pushed out.
     assert all(list(e.tokens[:50]) != first for e in store.entries)
+
+
+def test_a_damaged_disk_file_under_a_running_engine_reads_the_prompt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file damaged after the index took it in: its request reads the prompt, the
+    request admitted beside it is untouched, and nothing fails."""
+    store = TierStore(host_budget=0, disk=disk(tmp_path))
+    engine, _ = two_stories_engine(store)
+    first = story(50)
+    engine.add(make_request("a", first, max_tokens=6))
+    out = run(engine)
+    engine.add(make_request("b", story(50), max_tokens=6))  # the first goes to disk
+    run(engine, out)
+    (path,) = tmp_path.glob("*" + SUFFIX)
+    path.write_bytes(MAGIC + b"\x10\x00")  # the audit's: 10 bytes after the magic
+    follow_up, other = [*first, *out.tokens("a")[0][:5], 7], story(20)
+    engine.add(make_request("c", follow_up, max_tokens=4))
+    engine.add(make_request("d", other, max_tokens=4))
+    with caplog.at_level(logging.WARNING):
+        run(engine, out)
+    assert out.tokens("c")[0] == expected(follow_up, 0, 4) and out.last("c").cached_tokens == 0
+    assert out.tokens("d")[0] == expected(other, 0, 4)
+    assert out.reasons("c") == out.reasons("d") == {0: "length"}
+    assert engine.stats.tier_restore_failures == 1 and not path.exists()
+    assert f"removing {path.name}: truncated" in caplog.text
 
 
 def test_a_fork_from_inside_a_windowed_entry_reads_again() -> None:
