@@ -4,8 +4,10 @@ swaps it with `app.dependency_overrides`), and the request bodies parsed on its 
 Parsing a body of megabytes (a story to tokenize, a vocabulary-wide logit_bias) takes
 milliseconds to seconds; on the event loop it would freeze every other client (`/health`
 included). pydantic parses the raw bytes on the request workers (its JSON parser also
-refuses lone UTF-16 surrogates, which are not text); since FastAPI no longer reads the
-body itself, routes declare its model for the OpenAPI document with `workers.body_spec`.
+refuses lone UTF-16 surrogates, which are not text), after a check that every number in
+them is finite (api/finite.py: NaN, Infinity and 1e400 are 400s); since FastAPI no longer
+reads the body itself, routes declare its model for the OpenAPI document with
+`workers.body_spec`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from llama_srb.api.errors import APIError
+from llama_srb.api.finite import check_finite
 from llama_srb.api.state import AppState
 
 M = TypeVar("M", bound=BaseModel)
@@ -34,7 +37,12 @@ State = Annotated[AppState, Depends(app_state)]
 
 
 def parsed(model: type[M]) -> Callable[..., Awaitable[M]]:
-    """A FastAPI dependency: the body as `model`, or a RequestValidationError (a 400)."""
+    """A FastAPI dependency: the body as `model`, or a 400 (a RequestValidationError, or
+    an APIError naming a number that is not finite)."""
+
+    def decode(raw: bytes) -> M:
+        check_finite(raw)
+        return model.model_validate_json(raw)
 
     async def parse(http: Request, state: State) -> M:
         try:
@@ -42,7 +50,7 @@ def parsed(model: type[M]) -> Callable[..., Awaitable[M]]:
         except ClientDisconnect:  # gone before its body arrived: nobody to answer
             raise APIError(499, "the client disconnected") from None
         try:
-            return await state.workers.run(lambda: model.model_validate_json(raw))
+            return await state.workers.run(lambda: decode(raw))
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False)) from None
 

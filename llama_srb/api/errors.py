@@ -55,10 +55,14 @@ KOBOLD_PREFIX = "/api/"
 _KOBOLD_TYPES = {401: "unauthorized", 429: "service_unavailable", 503: "service_unavailable"}
 
 
-def kobold_error_body(status: int, message: str) -> dict[str, Any]:
-    """KoboldCpp's `{"detail": {"msg", "type"}}`."""
+def kobold_error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """KoboldCpp's `{"detail": {"msg", "type"}}`, with our `code` beside them when there is
+    one (what OpenAI's shape calls `code`: clients that know only KoboldCpp's skip it)."""
     kind = _KOBOLD_TYPES.get(status, "server_error" if status >= 500 else "bad_input")
-    return {"detail": {"msg": message, "type": kind}}
+    detail = {"msg": message, "type": kind}
+    if code is not None:
+        detail["code"] = code
+    return {"detail": detail}
 
 
 def body_for(
@@ -66,7 +70,7 @@ def body_for(
 ) -> dict[str, Any]:
     """The error object in the shape the route's clients read."""
     if path.startswith(KOBOLD_PREFIX):
-        return kobold_error_body(status, message)
+        return kobold_error_body(status, message, code)
     return error_body(status, message, param, code)
 
 
@@ -75,16 +79,42 @@ def error_response(exc: APIError, path: str = "") -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
-def output_error(out: RequestOutput) -> APIError:
-    """An engine output's error: the request's own (400) or the server's (500)."""
+Failure = RequestOutput | BaseException
+
+
+def api_error(failure: Failure) -> APIError:
+    """Whatever ended a request, as the error its client gets: status, message, param and
+    code (the type follows from the status: `error_body`). The one mapping, for answers
+    whole (the exception handlers) and streamed (render/sse.py's error event) alike, so a
+    request's own fault is a 4xx either way and only the server's is a 5xx."""
+    if isinstance(failure, RequestOutput):
+        return _output_error(failure)
+    if isinstance(failure, APIError):
+        return failure
+    if isinstance(failure, ParamError):
+        return APIError(400, str(failure), failure.param)
+    if isinstance(failure, RequestValidationError):
+        message, param = _describe_validation(failure)
+        return APIError(400, message, param)
+    if isinstance(failure, Interrupted):
+        return _interrupted_error(failure)
+    if isinstance(failure, StarletteHTTPException):
+        headers = dict(failure.headers) if failure.headers else None
+        return APIError(failure.status_code, str(failure.detail), headers=headers)
+    return APIError(500, f"internal error: {type(failure).__name__}")
+
+
+def _output_error(out: RequestOutput) -> APIError:
+    """An engine output's error: the request's own (its constraint cannot go on: 400) or
+    the server's (500)."""
     assert out.error is not None
     if out.refused:
         return APIError(400, out.error, code="constraint_failed")
     return APIError(500, out.error, code="engine_error")
 
 
-def interrupted_error(exc: Interrupted) -> APIError:
-    """A request the runtime ended (timeout: 504, shutdown or engine gone: 503) as an API error."""
+def _interrupted_error(exc: Interrupted) -> APIError:
+    """A request the runtime ended (timeout: 504, shutdown or engine gone: 503)."""
     if isinstance(exc, RequestTimedOut):
         return APIError(504, str(exc), code="request_timeout")
     code = "engine_failed" if isinstance(exc, EngineDied) else "server_shutting_down"
@@ -115,28 +145,18 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc, request.url.path)
+    """Every failure through `api_error`. Starlette picks a handler by the exception's
+    class, so each class FastAPI or Starlette handles on their own is named here."""
 
-    @app.exception_handler(ParamError)
-    async def _param_error(request: Request, exc: ParamError) -> JSONResponse:
-        return error_response(APIError(400, str(exc), exc.param), request.url.path)
+    async def _handle(request: Request, exc: Exception) -> JSONResponse:
+        return error_response(api_error(exc), request.url.path)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _describe_validation(exc)
-        return error_response(APIError(400, message, param), request.url.path)
-
-    @app.exception_handler(Interrupted)
-    async def _interrupted(request: Request, exc: Interrupted) -> JSONResponse:
-        return error_response(interrupted_error(exc), request.url.path)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(APIError(exc.status_code, str(exc.detail)), request.url.path)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        error = APIError(500, f"internal error: {type(exc).__name__}")
-        return error_response(error, request.url.path)
+    for kind in (
+        APIError,
+        ParamError,
+        RequestValidationError,
+        Interrupted,
+        StarletteHTTPException,
+        Exception,
+    ):
+        app.add_exception_handler(kind, _handle)

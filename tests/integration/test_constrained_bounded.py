@@ -111,8 +111,8 @@ def test_a_pathological_grammar_ends_while_another_stream_completes(
 def test_a_constraint_that_cannot_go_on_is_the_request_s_error(server: RunningServer) -> None:
     """Found by test_fuzz.py: on SmolLM2's byte tokens, llguidance's mask for this regex
     allows, after U+008E, a byte that its matcher then refuses (U+95FD0 comes next). The
-    request's constraint cannot go on: a 400 that says so (whole), an error event
-    (streamed), never a 500; the server goes on."""
+    request's constraint cannot go on: a 400 that says so (whole), an error event of the
+    same type and code (streamed), never a 500; the server goes on."""
     body = {"prompt": "x", "max_tokens": 16, "guided_regex": "\x10ã\x83Û\x8e\U00095fd0\x8b"}
     response = httpx.post(f"{server.api_url}/completions", json=body, timeout=120)
     assert response.status_code == 400, response.text
@@ -122,4 +122,6 @@ def test_a_constraint_that_cannot_go_on_is_the_request_s_error(server: RunningSe
     streamed.join()
     assert streamed.status == 200 and streamed.error is not None
     assert "cannot go on" in streamed.error["message"]
+    # the same client error as the whole answer's (issue 37), not a server_error
+    assert (streamed.error["type"], streamed.error["code"]) == (error["type"], error["code"])
     assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200

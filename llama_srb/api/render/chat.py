@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from llama_srb.api.errors import api_error
 from llama_srb.api.render.choices import gather
 from llama_srb.api.render.logprobs import Piece, chat_logprobs
-from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
+from llama_srb.api.render.sse import ChunkStream, UsageTally, guarded
 from llama_srb.api.schemas.chat import AssistantMessage, ChatChoice, ChatCompletion, ChoiceLogprobs
 from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, RequestOutput
 
@@ -16,20 +17,24 @@ from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, RequestOutput
 @dataclass
 class ChatAnswer(ChunkStream):
     """A /v1/chat/completions call's answer. Streamed: each choice's `role` first, then
-    its content deltas, then its finish reason; a usage chunk on request, then `[DONE]`.
-    Whole: every choice (`collect`)."""
+    its content deltas, then its finish reason; a usage chunk on request, then `[DONE]`
+    (an error event before it if the call fails). Whole: every choice (`collect`)."""
 
     object_name = "chat.completion.chunk"
 
-    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+    def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        return guarded(self._stream(outputs))
+
+    async def _stream(
+        self, outputs: AsyncIterator[tuple[int, RequestOutput]]
+    ) -> AsyncIterator[str]:
         yield self._each(
             [self._entry(i, {"role": "assistant", "content": ""}) for i in range(self.n)]
         )
         usage = UsageTally()
         async for _, out in outputs:
             if out.error is not None:
-                yield error_event(out.error)
-                break
+                raise api_error(out)
             usage.add(0, out)
             content = [
                 self._entry(d.index, {"content": d.text}, self._logprobs(d))
@@ -47,7 +52,6 @@ class ChatAnswer(ChunkStream):
                 yield self._each(ended)
         if self.include_usage and usage.latest:
             yield self._usage(usage)
-        yield DONE
 
     @staticmethod
     def _entry(

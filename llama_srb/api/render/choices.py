@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from llama_srb.api.errors import output_error
+from llama_srb.api.errors import api_error
 from llama_srb.api.input.prompts import choice_index
 from llama_srb.api.render.sse import UsageTally
 from llama_srb.engine.outputs import ChoiceSoFar, RequestOutput
@@ -26,14 +26,14 @@ class Gathered:
 async def gather(
     outputs: AsyncIterator[tuple[int, RequestOutput]], n_prompts: int, n: int
 ) -> Gathered:
-    """Drain merged outputs into each choice; an engine error is a 500."""
+    """Drain merged outputs into each choice; an output's error is raised (errors.api_error)."""
     result = Gathered(
         choices=[ChoiceSoFar(i) for i in range(n_prompts * n)],
         prompt_logprobs=[None] * n_prompts,
     )
     async for position, out in outputs:
         if out.error is not None:
-            raise output_error(out)
+            raise api_error(out)
         for delta in out.choices:
             result.choices[choice_index(position, n, delta.index)].add(delta)
         if out.prompt_logprobs is not None:

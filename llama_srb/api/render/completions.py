@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from llama_srb.api.errors import api_error
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.choices import Gathered, gather
 from llama_srb.api.render.logprobs import Piece, completion_logprobs, concat
 from llama_srb.api.render.progress import PromptProgress
-from llama_srb.api.render.sse import DONE, ChunkStream, UsageTally, error_event
+from llama_srb.api.render.sse import ChunkStream, UsageTally, guarded
 from llama_srb.api.schemas.completions import (
     Completion,
     CompletionChoice,
@@ -24,7 +25,8 @@ from llama_srb.sampling.logprobs import TokenLogprob
 class CompletionAnswer(ChunkStream):
     """A /v1/completions call's answer. Streamed: with `echo`, each prompt's text first;
     then, per engine step, one chunk for each choice that advanced; a usage chunk on
-    request, then `[DONE]`. Whole: every choice (`collect`)."""
+    request, then `[DONE]` (an error event before it if the call fails). Whole: every
+    choice (`collect`)."""
 
     prompts: Sequence[Prompt] = ()
     echo: bool = False
@@ -33,13 +35,17 @@ class CompletionAnswer(ChunkStream):
     # per choice: where its next token's text starts in the choice's text (text_offset)
     _offsets: dict[int, int] = field(default_factory=dict, init=False)
 
-    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+    def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        return guarded(self._stream(outputs))
+
+    async def _stream(
+        self, outputs: AsyncIterator[tuple[int, RequestOutput]]
+    ) -> AsyncIterator[str]:
         usage = UsageTally()
         echoed: set[int] = set()
         async for position, out in outputs:
             if out.error is not None:
-                yield error_event(out.error)
-                break
+                raise api_error(out)
             if self.echo and position not in echoed and (out.choices or out.finished):
                 echoed.add(position)  # once its prompt is scored: with its first tokens
                 yield self._each(self._echo(position, out))
@@ -56,7 +62,6 @@ class CompletionAnswer(ChunkStream):
                 yield self._each(choices)
         if self.include_usage and usage.latest:
             yield self._usage(usage)
-        yield DONE
 
     def _progress(self, position: int, read: dict[str, object]) -> str:
         """llama.cpp's own shape: an empty choice (of the prompt's first branch) beside

@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_srb.api.errors import APIError, output_error
+from llama_srb.api.errors import KOBOLD_PREFIX, api_error
 from llama_srb.api.render.logprobs import TokenText
 from llama_srb.api.render.native import stop_info
-from llama_srb.api.render.sse import error_event, named_event
+from llama_srb.api.render.sse import guarded, named_event
 from llama_srb.engine.outputs import ChoiceSoFar, FinishReason, RequestOutput
 from llama_srb.sampling.logprobs import TokenLogprob
 
@@ -44,7 +44,7 @@ class KoboldCall:
 
     def _add(self, out: RequestOutput) -> None:
         if out.error is not None:
-            raise output_error(out)
+            raise api_error(out)
         self.prompt_tokens = out.prompt_tokens
         for delta in out.choices:
             self.results[delta.index].add(delta, 0.0)
@@ -61,14 +61,17 @@ class KoboldCall:
         """The answer of /api/extra/generate/check: each branch's text so far."""
         return {"results": [{"text": r.text} for r in self.results]}
 
-    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+    def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+        """`event: message` events; a failed call ends with an error event in KoboldCpp's
+        shape, as its whole answer would be (errors.kobold_error_body)."""
+        return guarded(self._stream(outputs), end="", path=KOBOLD_PREFIX)
+
+    async def _stream(
+        self, outputs: AsyncIterator[tuple[int, RequestOutput]]
+    ) -> AsyncIterator[str]:
         result = self.results[0]
         async for _, out in outputs:
-            try:
-                self._add(out)
-            except APIError as exc:
-                yield error_event(exc.message)
-                return
+            self._add(out)
             for delta in out.choices:
                 ended = delta.finish_reason is not None
                 if delta.text or ended:
@@ -123,4 +126,8 @@ class KoboldCall:
 
 
 def _reason(reason: FinishReason | None) -> str:
+    """KoboldCpp's two reasons, and "abort" for a generation stopped by /api/extra/abort
+    (or its client), so its own stream says so instead of "length"."""
+    if reason is FinishReason.ABORT:
+        return "abort"
     return "stop" if reason is FinishReason.STOP else "length"

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llama_srb.api.errors import output_error
+from llama_srb.api.errors import api_error
 from llama_srb.api.input.prompts import Prompt, choice_index, prompt_position
 from llama_srb.api.render.logprobs import TokenText
 from llama_srb.api.render.progress import PromptProgress
-from llama_srb.api.render.sse import error_event, event
+from llama_srb.api.render.sse import event, guarded
 from llama_srb.engine.outputs import ChoiceDelta, ChoiceSoFar, FinishReason, RequestOutput
 from llama_srb.sampling.chain import DEFAULT_ORDER
 from llama_srb.sampling.logprobs import TokenLogprob
@@ -72,18 +72,23 @@ class NativeCall:
         prompts), ordered by index, as llama-server answers."""
         async for position, out in outputs:
             if out.error is not None:
-                raise output_error(out)
+                raise api_error(out)
             self._deltas(position, out)
         finals = [self.final(self.results[i]) for i in sorted(self.results)]
         return finals[0] if len(finals) == 1 else finals
 
-    async def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
+    def events(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> AsyncIterator[str]:
         """Server-sent events: each token of each result, then its final event. No
-        `[DONE]`: llama-server's native stream just ends."""
+        `[DONE]`: llama-server's native stream just ends (after an error event, if the
+        call fails)."""
+        return guarded(self._stream(outputs), end="")
+
+    async def _stream(
+        self, outputs: AsyncIterator[tuple[int, RequestOutput]]
+    ) -> AsyncIterator[str]:
         async for position, out in outputs:
             if out.error is not None:
-                yield error_event(out.error)
-                return
+                raise api_error(out)
             read = self.progress.of(position, out) if self.progress is not None else None
             if read is not None:
                 yield event(self.progress_event(position, read))

@@ -1,22 +1,27 @@
-"""Server-Sent Events, framed in one place: an event (named or not), an error event, the `[DONE]` that ends
-OpenAI's streams, the streaming response itself, and the envelope of OpenAI's chunks (with
-the usage they report, summed over a call's prompts)."""
+"""Server-Sent Events, framed in one place: an event (named or not), the `[DONE]` that ends
+OpenAI's streams, the one way every stream ends early (`guarded`: an error event with the
+status, type and code the whole answer would carry), the streaming response itself, and
+the envelope of OpenAI's chunks (with the usage they report, summed over a call's
+prompts)."""
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from fastapi.responses import StreamingResponse
 
-from llama_srb.api.errors import error_body, interrupted_error
+from llama_srb.api.errors import APIError, Failure, api_error, body_for
 from llama_srb.api.render.logprobs import Piece
 from llama_srb.api.schemas.completions import Usage
 from llama_srb.engine.generation import Interrupted
 from llama_srb.engine.outputs import RequestOutput
+from llama_srb.sampling.params import ParamError
 
 DONE = "data: [DONE]\n\n"
+log = logging.getLogger("llama_srb.api")
 
 
 def event(payload: object) -> str:
@@ -29,28 +34,38 @@ def named_event(name: str, payload: object) -> str:
     return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def error_event(message: str, status: int = 500, code: str | None = None) -> str:
-    return f"data: {json.dumps(error_body(status, message, code=code))}\n\n"
+def error_event(failure: Failure, path: str = "") -> str:
+    """What ended a stream early, as one event: the error object that the route would
+    answer whole (errors.api_error: a request's own fault is a 4xx, the server's a 5xx),
+    in the route's shape (`path`: KoboldCpp's under /api/, else OpenAI's)."""
+    error = api_error(failure)
+    body = body_for(path, error.status, error.message, error.param, error.code)
+    return f"data: {json.dumps(body)}\n\n"
 
 
-def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    # Starlette cancels `events` when the client disconnects, which aborts the request.
-    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(
-        _ended_cleanly(events), media_type="text/event-stream", headers=headers
-    )
-
-
-async def _ended_cleanly(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """A stream the runtime interrupts (timeout, shutdown) still ends in OpenAI's way:
-    an error event, then `[DONE]`; the status line went out long ago."""
+async def guarded(
+    events: AsyncIterator[str], end: str = DONE, path: str = ""
+) -> AsyncIterator[str]:
+    """A stream's events, then `end` (OpenAI's `[DONE]`; nothing for llama.cpp's and
+    KoboldCpp's streams, which just stop). Whatever stops it early (an output's error,
+    raised by the renderer as `api_error(output)`; a timeout or shutdown; a bug) becomes
+    one error event before `end`: the status line went out long ago."""
     try:
         async for line in events:
             yield line
-    except Interrupted as exc:
-        error = interrupted_error(exc)
-        yield error_event(error.message, error.status, error.code)
-        yield DONE
+    except Exception as exc:  # a disconnect's cancellation is not an Exception: it goes on
+        if not isinstance(exc, APIError | Interrupted | ParamError):
+            log.exception("a stream failed")
+        yield error_event(exc, path)
+    if end:
+        yield end
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    """`events` as server-sent events; a renderer's events end through `guarded`.
+    Starlette cancels `events` when the client disconnects, which aborts the request."""
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events, media_type="text/event-stream", headers=headers)
 
 
 @dataclass
