@@ -12,6 +12,7 @@ import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NamedTuple
+from urllib.parse import urlsplit
 
 from pydantic import Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -52,20 +53,31 @@ def fit_n_ctx(n_ctx_train: int, bytes_per_cell: int, available: int | None) -> t
 KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}")
 
 
+ADMIN = "admin:"  # `admin:name: key`: the key sees and manages every writer's stories
+
+
 class ApiKey(NamedTuple):
     key: str
     name: str | None  # who holds it: the unit of fair share when there are several keys
+    admin: bool = False  # may read and change every writer's stories
 
 
 def parse_key(spec: str) -> ApiKey:
-    """`key`, or `name: key` (a colon and a space after a plain name). A key that itself
-    holds `: ` must be given with a name; names need not be unique (one writer, two keys)."""
-    head, sep, rest = spec.partition(":")
+    """`key`, `name: key` (a colon and a space after a plain name) or `admin:name: key`
+    (an admin's key). A key that itself holds `: ` must be given with a name; names need
+    not be unique (one writer, two keys)."""
+    admin = spec.lstrip().startswith(ADMIN)
+    head, sep, rest = spec.lstrip().removeprefix(ADMIN if admin else "").partition(":")
     if sep and rest[:1].isspace() and KEY_NAME.fullmatch(head.strip()):
         key = rest.strip()
         if not key:
             raise ValueError(f"the API key named {head.strip()!r} is empty")
-        return ApiKey(key, head.strip())
+        return ApiKey(key, head.strip(), admin)
+    if admin:  # `admin:` that names no one is a mistake, not a bare key
+        raise ValueError(
+            "`admin:` starts an admin key, written `admin:name: key` (a name, then `: `);"
+            " a writer named admin needs another name"
+        )
     return ApiKey(spec.strip(), None)
 
 
@@ -194,12 +206,14 @@ class Settings(BaseSettings):
     api_key: list[str] | None = Field(
         None,
         description="require `Authorization: Bearer <key>` on /v1/* routes; `name: key` names"
-        " the key's writer (in the log, the metrics and fair share); repeat for more keys",
+        " the key's writer (whose stories are theirs alone; in the log, the metrics and fair"
+        " share), `admin:name: key` marks an admin who sees and manages every story; repeat"
+        " for more keys",
     )
     api_key_file: Path | None = Field(
         None,
-        description="file of accepted API keys, one per line as `key` or `name: key`"
-        " (# comments); adds to --api-key",
+        description="file of accepted API keys, one per line as `key`, `name: key` or"
+        " `admin:name: key` (# comments); adds to --api-key",
     )
     trusted_proxies: list[str] | None = Field(
         None,
@@ -215,6 +229,20 @@ class Settings(BaseSettings):
         " 127.0.0.1, [::1], any port), `*` (any page) or `none` (the server's own pages"
         " only); with --api-key any page that sends the key may",
     )
+    # NoDecode: as cors_origins
+    library_origins: Annotated[list[str], NoDecode] = Field(
+        [],
+        description="other web sites' pages that may use the story library (/v1/stories) from"
+        " a browser, comma-separated origins (https://host:port); the server's own pages"
+        " always may, every other page gets 403 whatever --cors-origins allows",
+    )
+    story_creations: int = Field(
+        60,
+        ge=1,
+        le=100_000,
+        description="new stories one writer may make per minute (made or duplicated; a"
+        " burst of this many, then one every 60/this seconds); beyond, 429 with Retry-After",
+    )
     max_body_bytes: int = Field(
         8 << 20, ge=1024, le=1 << 30, description="largest request body accepted (else 413)"
     )
@@ -228,16 +256,17 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=100_000,
-        description="requests one client (API key name, X-Session-Id, else address) may have"
-        " waiting, a prompt list's prompts included; beyond that, 429 for that client"
-        " (default: half of --max-queue, at least 1)",
+        description="requests one client (API key name, else address with all its"
+        " X-Session-Id sessions) may have waiting, a prompt list's prompts included; beyond"
+        " that, 429 for that client (default: half of --max-queue, at least 1)",
     )
     client_max_sequences: int | None = Field(
         None,
         ge=1,
         le=256,
-        description="live sequences one client may hold; its further requests wait for its"
-        " own to end (default: half of --max-sequences, at least --max-n)",
+        description="live sequences one client (API key name, else address with all its"
+        " sessions) may hold; its further requests wait for its own to end (default: half of"
+        " --max-sequences, at least --max-n)",
     )
     reserve_sequences: int = Field(
         8,
@@ -312,12 +341,25 @@ class Settings(BaseSettings):
             return [float(part) for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("cors_origins", "rpc", "trusted_proxies", mode="before")
+    @field_validator("cors_origins", "library_origins", "rpc", "trusted_proxies", mode="before")
     @classmethod
     def _split_commas_as_strings(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("library_origins")
+    @classmethod
+    def _library_origins_are_sites(cls, value: list[str]) -> list[str]:
+        # `null` and `loopback` would let any sandboxed frame or local page read the stories.
+        for origin in value:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.path.strip("/"):
+                raise ValueError(
+                    f"library_origins: {origin!r} is not a web origin such as"
+                    " https://notes.example.com:8443 (`null`, `loopback` and `*` are refused)"
+                )
+        return [origin.strip().lower().rstrip("/") for origin in value]
 
     @field_validator("trusted_proxies")
     @classmethod

@@ -32,6 +32,7 @@ from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import document_bodies
 from llama_srb.config import Settings
+from llama_srb.stories.owners import Handover
 from llama_srb.stories.schema import Duplicate, StoryDraft, StoryPatch
 
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
@@ -110,6 +111,7 @@ def create_app(settings: Settings) -> FastAPI:
             StoryDraft,
             StoryPatch,
             Duplicate,
+            Handover,
             EncodeRequest,
             DecodeRequest,
             KoboldGenerateRequest,

@@ -46,7 +46,9 @@ def install_middleware(app: FastAPI, state: AppState, open_paths: Collection[str
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     if state.keys.required:
         app.add_middleware(RequireKey, keys=state.keys, open_paths=open_paths)
-    policy = OriginPolicy.of(settings.cors_origins, keyed=state.keys.required)
+    policy = OriginPolicy.of(
+        settings.cors_origins, keyed=state.keys.required, library=settings.library_origins
+    )
     app.add_middleware(OriginGate, policy=policy, open_paths=open_paths)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(

@@ -18,6 +18,12 @@ With --api-key, any page may send requests that need the key: the key is checked
 every origin, and a page without it gets the 401. Paths open without a key (/health,
 /metrics, the UI's files) keep the origin rules.
 
+The story library (/v1/stories) holds a writer's novels: read, changed or deleted by a
+page it would be lost. So only the server's own pages, and the sites --library-origins
+names, may call it from a browser, whatever --cors-origins allows and with or without a
+key (and a request without Origin whose Sec-Fetch-Site says another page sent it is
+refused too); Mikupad and KoboldAI Lite never call it.
+
 Chrome's Private Network Access preflight (`Access-Control-Request-Private-Network`,
 for a page on a public address calling this one) is answered for the pages allowed.
 """
@@ -40,8 +46,10 @@ LOOPBACK = "loopback"
 ANY = "*"
 NONE = "none"  # --cors-origins none: same origin only
 PREFLIGHT_MAX_AGE = "600"
-ALLOWED_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"  # PATCH, DELETE: /v1/stories
-EXPOSED_HEADERS = "Retry-After"  # a 429's wait, readable by the page
+ALLOWED_METHODS = "GET, POST, OPTIONS"
+LIBRARY = "/v1/stories"  # the story library's routes
+LIBRARY_METHODS = "GET, POST, PATCH, DELETE, OPTIONS"
+EXPOSED_HEADERS = "Retry-After, X-Genkey"  # a 429's wait, a KoboldCpp genkey made here
 
 
 @dataclass(frozen=True)
@@ -50,16 +58,19 @@ class OriginPolicy:
     loopback: bool
     any_origin: bool
     keyed: bool  # the server requires an API key
+    library: frozenset[str] = frozenset()  # other sites that may use the story library
 
     @classmethod
-    def of(cls, listed: Sequence[str], keyed: bool) -> OriginPolicy:
-        """From --cors-origins' entries (origins and the words null, loopback, *, none)."""
+    def of(cls, listed: Sequence[str], keyed: bool, library: Sequence[str] = ()) -> OriginPolicy:
+        """From --cors-origins' entries (origins and the words null, loopback, *, none)
+        and --library-origins' (origins only)."""
         entries = {entry.strip().lower().rstrip("/") for entry in listed} - {NONE, ""}
         return cls(
             origins=frozenset(entries - {LOOPBACK, ANY}),
             loopback=LOOPBACK in entries,
             any_origin=ANY in entries,
             keyed=keyed,
+            library=frozenset(entry.strip().lower().rstrip("/") for entry in library),
         )
 
     def allows(self, origin: str, host: str | None, needs_key: bool) -> bool:
@@ -71,6 +82,22 @@ class OriginPolicy:
         if host is not None and _netloc(origin) == host.lower():
             return True  # the server's own pages
         return self.loopback and is_loopback(origin)
+
+    def allows_library(self, origin: str, host: str | None) -> bool:
+        """May a page of `origin` use the story library? Only the server's own pages and
+        the sites --library-origins names: never `null`, nor every local page."""
+        origin = origin.strip().lower()
+        return origin in self.library or (host is not None and _netloc(origin) == host.lower())
+
+
+def _from_another_page(headers: Headers) -> bool:
+    """A browser says the request comes from a page of another origin (`same-site` is
+    another port of the same host: another origin too)."""
+    return headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site")
+
+
+def is_library(path: str) -> bool:
+    return path == LIBRARY or path.startswith(LIBRARY + "/")
 
 
 def _netloc(origin: str) -> str | None:
@@ -112,16 +139,25 @@ class OriginGate:
             return
         headers = Headers(scope=scope)
         origin = headers.get("origin")
+        path, host = scope["path"], headers.get("host")
+        library = is_library(path)
+        if origin is None and library and _from_another_page(headers):
+            # A browser's no-cors GET (an <img>, a <script>) carries no Origin: its
+            # Sec-Fetch-Site still says it comes from another page.
+            await _refuse(send, "", path, library)
+            return
         if origin is None:
             await self.app(scope, receive, send)
             return
-        needs_key = scope["path"] not in self.open_paths
-        allowed = self.policy.allows(origin, headers.get("host"), needs_key)
+        if library:
+            allowed = self.policy.allows_library(origin, host)
+        else:
+            allowed = self.policy.allows(origin, host, needs_key=path not in self.open_paths)
         preflight = scope["method"] == "OPTIONS" and "access-control-request-method" in headers
         if not allowed:
-            await _refuse(send, origin, scope["path"])
+            await _refuse(send, origin, path, library)
         elif preflight:
-            await _preflight(send, origin, headers)
+            await _preflight(send, origin, headers, LIBRARY_METHODS if library else ALLOWED_METHODS)
         else:
             await self.app(scope, receive, _with_cors(send, origin))
 
@@ -148,10 +184,10 @@ def _with_cors(send: Send, origin: str) -> Send:
     return sending
 
 
-async def _preflight(send: Send, origin: str, request: Headers) -> None:
+async def _preflight(send: Send, origin: str, request: Headers, methods: str) -> None:
     headers = {
         **_cors_headers(origin),
-        "Access-Control-Allow-Methods": ALLOWED_METHODS,
+        "Access-Control-Allow-Methods": methods,
         "Access-Control-Max-Age": PREFLIGHT_MAX_AGE,
         "Vary": "Origin, Access-Control-Request-Headers, Access-Control-Request-Private-Network",
     }
@@ -165,11 +201,17 @@ async def _preflight(send: Send, origin: str, request: Headers) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-async def _refuse(send: Send, origin: str, path: str) -> None:
+async def _refuse(send: Send, origin: str, path: str, library: bool) -> None:
     message = (
         f"pages from {origin[:200]} may not call this server: start it with"
         " --cors-origins naming that origin, or with --api-key and send the key"
     )
+    if library:
+        message = (
+            f"pages from {origin[:200] or 'another site'} may not use the story library: only"
+            " the server's own pages may, and the sites --library-origins names (a key does"
+            " not change that)"
+        )
     body = json.dumps(body_for(path, 403, message, code="origin_not_allowed")).encode()
     headers = [(b"content-type", b"application/json"), (b"vary", b"Origin")]
     await send({"type": "http.response.start", "status": 403, "headers": headers})

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from llama_srb.api.auth import ApiKeys
-from llama_srb.api.clients import Caller, caller_of
+from llama_srb.api.clients import Caller, caller_of, library_access
 from llama_srb.api.connections import ConnectionLimits, OpenConnections, networks
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.chat import ServedTemplate, serve_template
@@ -19,6 +19,7 @@ from llama_srb.api.workers import Workers
 from llama_srb.config import Settings
 from llama_srb.engine.watch import Step, Watchdog
 from llama_srb.loader import LoadedEngine, load_engine
+from llama_srb.stories.owners import Access, CreationRate
 from llama_srb.stories.store import StoryStore
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,13 @@ class AppState:
             exempt=networks(settings.trusted_proxies or []),
         )
         self.connections = OpenConnections(limits)
+        self.story_rate = CreationRate(settings.story_creations)
 
     def caller(self, http: Request) -> Caller:
         return caller_of(http, self.keys)
+
+    def library_access(self, http: Request) -> Access:
+        return library_access(http, self.keys)
 
     def stuck(self) -> Step | None:
         """The engine's step in progress, if it has run past --stuck-after."""
@@ -66,6 +71,7 @@ class AppState:
 
     stories: StoryStore | None = None  # the story library, opened at startup
     stories_error: str | None = None
+    story_rate: CreationRate = field(init=False)  # new stories per writer (--story-creations)
 
     def chat_template(self) -> ServedTemplate:
         self.ready()

@@ -22,6 +22,7 @@ from llama_srb.engine.engine import Engine
 from llama_srb.engine.generation import EngineDied, Flight, Generation, ShuttingDown
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.request import Request
+from llama_srb.engine.spec import unit_of
 from llama_srb.native import native_thread, release_free_memory
 
 log = logging.getLogger(__name__)
@@ -57,8 +58,10 @@ class Runtime:
         return sum(f.waiting for f in self._flights.values())
 
     def waiting_of(self, client: str) -> int:
-        """Those of one client: what --client-max-queue bounds."""
-        return sum(f.waiting and f.client == client for f in self._flights.values())
+        """Those of one client's unit (a session's address: engine/share.py): what
+        --client-max-queue bounds."""
+        unit = unit_of(client)
+        return sum(f.waiting and unit_of(f.client) == unit for f in self._flights.values())
 
     async def drain(self, grace: float) -> None:
         """Refuse new requests, give those in flight `grace` seconds, then end the rest."""

@@ -31,7 +31,15 @@ from llama_srb.engine.kv import (
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus
-from llama_srb.engine.share import FairQueue, Reserve, ShareRules
+from llama_srb.engine.share import (
+    FairQueue,
+    Reserve,
+    ShareRules,
+    fair_key,
+    hold,
+    holdings,
+)
+from llama_srb.engine.spec import unit_of
 
 PROMPT_LOGPROBS_CHUNK = 64
 
@@ -169,7 +177,7 @@ class Scheduler:
         prefilling = [r for r in self.running if r.status is RequestStatus.PREFILLING]
         if len(prefilling) > 1:
             held = held if held is not None else self._held()
-            prefilling.sort(key=lambda r: (held[r.client], r.arrival))
+            prefilling.sort(key=lambda r: fair_key(held, r))
         for request in prefilling:
             if room <= 0:
                 break
@@ -201,11 +209,8 @@ class Scheduler:
         return last if alone and request.n_prefilled < last else request.prompt_len
 
     def _held(self) -> Counter[str]:
-        """Live sequences per client."""
-        held: Counter[str] = Counter()
-        for request in self.running:
-            held[request.client] += len(request.live)
-        return held
+        """Live sequences per client and per unit (a session's address)."""
+        return holdings(self.running)
 
     def _admit(self, plan: StepPlan, held: Counter[str]) -> None:
         """Admit in the fair order (engine/share.py) while requests fit. Once the request
@@ -213,9 +218,9 @@ class Scheduler:
         passed: set[str] = set()  # clients whose turn is over this step
         waiting_for: Request | None = None  # the request whose turn it was, if it must wait
         while (request := self.waiting.next(held, passed)) is not None:
-            cap = self.share.client_sequences
-            if cap and held[request.client] + request.n_branches > cap:
-                passed.add(request.client)  # it holds its share: its own requests end first
+            cap, unit = self.share.client_sequences, unit_of(request.client)
+            if cap and held[unit] + request.n_branches > cap:
+                passed.add(unit)  # it holds its share: its own requests end first
                 plan.blocked = plan.blocked or Shortage.SEQUENCES
                 continue
             cells = self.budget.cells_to_reserve(request)
@@ -236,7 +241,7 @@ class Scheduler:
             self._grant(request, self.budget.admit(request), plan)
             self.reserve.hold(request, small, cells)
             self.running.append(request)
-            held[request.client] += request.n_branches
+            hold(held, request.client, request.n_branches)
 
     def _grant(self, request: Request, grant: Grant, plan: StepPlan) -> None:
         """Record what admission gave a request: its branches' sequence ids and the prompt

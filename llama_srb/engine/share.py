@@ -1,11 +1,14 @@
 """Fair share between clients: the order of the queue, and the room kept for small requests.
 
 Pure bookkeeping for the scheduler, tested without a model. Every request carries its
-client (`Request.client`: an API key's name, a session, an address); the rules are:
+client (`Request.client`: an API key's name, an address, or a session of an address:
+`address:1.2.3.4/session:x`). A client's *unit* is the address of a session, else the
+client itself: sessions divide their address's share, they do not multiply it. The rules:
 
-1. **The queue is served by client, not by arrival.** The next request considered is the
-   oldest of the client that holds the fewest live sequences (ties: the earlier request).
-   Each client's own requests keep their order. A client that holds `client_sequences`
+1. **The queue is served by unit, then client, not by arrival.** The next request
+   considered is the oldest of the client whose unit holds the fewest live sequences,
+   then (within a unit) of the client that holds the fewest (ties: the earlier request).
+   Each client's own requests keep their order. A unit that holds `client_sequences`
    already waits until its own requests end.
 2. **Large requests leave a reserve free.** A request is *small* when it needs at most
    `reserve_sequences` sequences and `reserve_cells` KV cells. Large requests together
@@ -24,11 +27,33 @@ the reserve, never for large ones: the bound in docs/fairness.md.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from llama_srb.engine.request import Request
+from llama_srb.engine.spec import unit_of
+
+
+def hold(held: Counter[str], client: str, sequences: int) -> None:
+    """Count `sequences` for a client and, for a session, for its address too."""
+    held[client] += sequences
+    unit = unit_of(client)
+    if unit != client:
+        held[unit] += sequences
+
+
+def holdings(running: Iterable[Request]) -> Counter[str]:
+    """Live sequences per client and per unit."""
+    held: Counter[str] = Counter()
+    for request in running:
+        hold(held, request.client, len(request.live))
+    return held
+
+
+def fair_key(held: Counter[str] | dict[str, int], request: Request) -> tuple[int, int, float]:
+    """The order of turns: the unit holding fewest, then the client, then arrival."""
+    return held.get(unit_of(request.client), 0), held.get(request.client, 0), request.arrival
 
 
 @dataclass(frozen=True)
@@ -66,10 +91,15 @@ class FairQueue:
         return iter(sorted((r for q in self._queues.values() for r in q), key=_arrival))
 
     def next(self, held: dict[str, int], passed: set[str]) -> Request | None:
-        """The head of the queue of the client holding the fewest live sequences (`held`),
-        among clients not in `passed`; ties go to the earlier request."""
-        heads = [q[0] for client, q in self._queues.items() if client not in passed]
-        return min(heads, key=lambda r: (held.get(r.client, 0), _arrival(r)), default=None)
+        """The head of the queue of the client whose unit, then itself, holds the fewest
+        live sequences (`held`), among clients (and units) not in `passed`; ties go to
+        the earlier request."""
+        heads = [
+            q[0]
+            for client, q in self._queues.items()
+            if client not in passed and unit_of(client) not in passed
+        ]
+        return min(heads, key=lambda r: fair_key(held, r), default=None)
 
 
 def _arrival(request: Request) -> float:

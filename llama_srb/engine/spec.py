@@ -7,6 +7,13 @@ from dataclasses import dataclass
 
 from llama_srb.sampling.params import SamplingParams
 
+SESSION_OF = "/"  # a client `address:…/session:…` is a session nested under its address
+
+
+def unit_of(client: str) -> str:
+    """Whose share a client's requests count against: a session's address, else itself."""
+    return client.partition(SESSION_OF)[0]
+
 
 def branch_count(n_choices: int, best_of: int | None, deterministic: bool = False) -> int:
     """Branches a request decodes: n, or best_of when it asks for more. One when it is
@@ -24,7 +31,7 @@ class RequestSpec:
     n_choices: int = 1
     best_of: int | None = None
     prompt_logprobs: bool = False  # echo + logprobs: score every prompt token
-    client: str = ""  # who asks (engine/share.py)
+    client: str = ""  # who asks (engine/share.py; a session's unit is its address)
     prefix: str = "cmpl"  # of its public id
 
     @property

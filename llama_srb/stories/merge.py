@@ -1,9 +1,12 @@
 """A conditional write, planned: which of a patch's changes apply, which nodes it adds
 under new ids, and which clash with what others wrote since the writer's base revision.
 
-Pure: it reads what the store knows about each node (`Slot`: when it was made and when
-each of its fields last changed) and the bodies of the nodes the patch touches, and
-returns a `Plan` that the store then writes in one transaction, or refuses whole.
+Pure: it asks what the store knows about the nodes the patch touches (`Known`: a node's
+`Slot`, when it was made and when each of its fields last changed; its body; its live
+children) and returns a `Plan` that the store then writes in one transaction, or refuses
+whole. It never reads the whole story: its work is proportional to the patch (and, for a
+node moved under another, to the depth of the tree), so one large story cannot make a
+small write to it slow.
 
 The rules (docs/library.md):
 - a field changes unless someone else changed it to another value after the base
@@ -18,11 +21,10 @@ The rules (docs/library.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from llama_srb.stories.schema import Node, StoryPatch
+from llama_srb.stories.schema import MAX_DEPTH, Node, StoryPatch
 
 Body = dict[str, Any]
 
@@ -42,9 +44,22 @@ class Slot:
     live: bool
     size: int  # bytes of its body's JSON
     revs: dict[str, int]  # per field, the revision that last changed it
+    depth: int = 0  # ancestors it has (a root: 0)
 
     def field_rev(self, name: str) -> int:
         return self.revs.get(name, self.created_rev)
+
+
+class Known(Protocol):
+    """What the store knows of one story's nodes, read only as the plan asks."""
+
+    def slot(self, node_id: int) -> Slot | None: ...
+
+    def body(self, node_id: int) -> Body: ...
+
+    def children(self, node_id: int) -> list[Slot]:
+        """The live nodes whose parent it is, as stored."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class Write:
     body: Body | None
     revs: dict[str, int]
     created_rev: int
+    depth: int = 0  # set by the plan for a live node
 
 
 @dataclass
@@ -77,6 +93,7 @@ class Plan:
     renumbered: dict[int, int] = field(default_factory=dict)  # the writer's id -> stored id
     conflicts: list[Conflict] = field(default_factory=list)
     next_id: int = 1
+    moved: list[int] = field(default_factory=list)  # stored nodes put under another parent
 
     @property
     def empty(self) -> bool:
@@ -85,15 +102,14 @@ class Plan:
 
 def plan_patch(
     patch: StoryPatch,
-    slots: dict[int, Slot],
-    load: Callable[[int], Body],
+    known: Known,
     meta: dict[str, Any],
     meta_revs: dict[str, int],
     revision: int,
     next_id: int,
 ) -> Plan:
-    """The plan for `patch` against a story at `revision` whose nodes are `slots` (bodies
-    read with `load`) and whose story fields are `meta` (changed at `meta_revs`)."""
+    """The plan for `patch` against a story at `revision` whose nodes are `known` and
+    whose story fields are `meta` (changed at `meta_revs`)."""
     base = patch.base_revision
     if base > revision:
         raise BadPatch(
@@ -103,10 +119,10 @@ def plan_patch(
         raise BadPatch("a node cannot be both sent and deleted in one patch")
     new = revision + 1
     plan = Plan(next_id=next_id)
-    for node in _renumbered(patch, slots, load, plan):
-        _plan_node(node, slots.get(node.id), load, base, new, plan)
+    for node in _renumbered(patch, known, plan):
+        _plan_node(node, known, base, new, plan)
     for node_id in sorted(set(patch.deleted)):
-        slot = slots.get(node_id)
+        slot = known.slot(node_id)
         if slot is None or slot.created_rev > base or not slot.live:
             continue  # never seen by the writer, or already gone: nothing to do
         if slot.rev > base:
@@ -116,13 +132,11 @@ def plan_patch(
     _plan_meta(patch, meta, meta_revs, base, plan)
     if "current" in patch.model_fields_set and patch.current is not None:
         plan.meta["current"] = plan.renumbered.get(patch.current, patch.current)
-    _check_structure(slots, plan, base)
+    _check_structure(known, plan, base)
     return plan
 
 
-def _renumbered(
-    patch: StoryPatch, slots: dict[int, Slot], load: Callable[[int], Body], plan: Plan
-) -> list[Node]:
+def _renumbered(patch: StoryPatch, known: Known, plan: Plan) -> list[Node]:
     """The patch's nodes, those the writer made under an id someone else took since its
     base moved to new ids, and every reference to them (parent, retry_of…) with them. A
     node identical to the one made there is that node: the writer sends again a write
@@ -132,12 +146,12 @@ def _renumbered(
         if node.id in seen:
             raise BadPatch(f"node {node.id} is sent twice")
         seen.add(node.id)
-        slot = slots.get(node.id)
+        slot = known.slot(node.id)
         if slot is None or slot.created_rev <= patch.base_revision:
             continue
-        if not (slot.live and load(node.id) == node.body()):
+        if not (slot.live and known.body(node.id) == node.body()):
             plan.renumbered[node.id] = 0  # numbered below, past every id in use
-    taken = max([plan.next_id - 1, *slots, *seen], default=0)
+    taken = max([plan.next_id - 1, *seen], default=0)  # next_id is past every stored id
     for old in plan.renumbered:
         taken += 1
         plan.renumbered[old] = taken
@@ -158,9 +172,8 @@ def _renumbered(
     return out
 
 
-def _plan_node(
-    node: Node, slot: Slot | None, load: Callable[[int], Body], base: int, new: int, plan: Plan
-) -> None:
+def _plan_node(node: Node, known: Known, base: int, new: int, plan: Plan) -> None:
+    slot = known.slot(node.id)
     sent = node.sent()
     if slot is None or not slot.live:
         if slot is not None and slot.rev > base:
@@ -173,7 +186,7 @@ def _plan_node(
         plan.writes[node.id] = Write(node.id, body, dict.fromkeys(body, new), created)
         plan.next_id = max(plan.next_id, node.id + 1)
         return
-    body = load(node.id)
+    body = known.body(node.id)
     changed = {k: v for k, v in sent.items() if body.get(k) != v}
     clashes = [k for k in changed if slot.field_rev(k) > base]
     if clashes:
@@ -182,6 +195,8 @@ def _plan_node(
     if changed:
         revs = {**slot.revs, **dict.fromkeys(changed, new)}
         plan.writes[node.id] = Write(node.id, {**body, **changed}, revs, slot.created_rev)
+        if "parent" in changed:
+            plan.moved.append(node.id)
 
 
 def _plan_meta(
@@ -203,34 +218,79 @@ def _plan_meta(
         plan.meta["name"] = patch.name
 
 
-def _check_structure(slots: dict[int, Slot], plan: Plan, base: int) -> None:
-    """After the plan, every live node's parent is live and no node is its own ancestor.
-    A parent deleted by someone else after the base is a conflict, any other missing
-    parent a bad patch."""
-    parent: dict[int, int | None] = {s.id: s.parent for s in slots.values() if s.live}
-    for write in plan.writes.values():
-        if write.body is None:
-            parent.pop(write.id, None)
-        else:
-            parent[write.id] = write.body.get("parent")
-    for child, up in parent.items():
-        if up is None or up in parent:
+def live_after(known: Known, plan: Plan, node_id: int) -> bool:
+    """Whether a node is live once the plan is written."""
+    write = plan.writes.get(node_id)
+    if write is not None:
+        return write.body is not None
+    slot = known.slot(node_id)
+    return slot is not None and slot.live
+
+
+def _check_structure(known: Known, plan: Plan, base: int) -> None:
+    """After the plan, every live node's parent is live, no node is its own ancestor and
+    none is deeper than MAX_DEPTH; each written node's depth is set. A parent deleted by
+    someone else after the base is a conflict, any other missing parent a bad patch."""
+
+    written = [w for w in plan.writes.values() if w.body is not None]
+    for write in written:
+        assert write.body is not None
+        up = write.body.get("parent")
+        if up is None or live_after(known, plan, up):
             continue
-        up_slot = slots.get(up)
-        if child not in plan.writes:  # an unchanged node whose parent this patch deletes
-            child_slot = slots[child]
-            if child_slot.created_rev > base or child_slot.field_rev("parent") > base:
-                plan.conflicts.append(Conflict("grown", up))
-            else:
-                raise BadPatch(f"deleting node {up} leaves node {child} without its parent")
-        elif up_slot is not None and up_slot.rev > base:
+        up_slot = known.slot(up)
+        if up_slot is not None and up_slot.rev > base:
             plan.conflicts.append(Conflict("deleted", up))
         else:
-            raise BadPatch(f"node {child}'s parent {up} is not in the story")
-    for start in (w.id for w in plan.writes.values() if w.body is not None):
-        steps, at = 0, parent.get(start)
-        while at is not None:
-            if at == start or steps > len(parent):
-                raise BadPatch(f"node {start} would be its own ancestor")
-            at, steps = parent.get(at), steps + 1
+            raise BadPatch(f"node {write.id}'s parent {up} is not in the story")
+    for gone in [w.id for w in plan.writes.values() if w.body is None]:
+        for child in known.children(gone):
+            if child.id in plan.writes:
+                continue  # deleted too, or moved: its new parent is checked above
+            if child.created_rev > base or child.field_rev("parent") > base:
+                plan.conflicts.append(Conflict("grown", gone))
+            else:
+                raise BadPatch(f"deleting node {gone} leaves node {child.id} without its parent")
     plan.conflicts = list(dict.fromkeys(plan.conflicts))  # once each
+    if not plan.conflicts:
+        _set_depths(known, plan, written)
+
+
+def _set_depths(known: Known, plan: Plan, written: list[Write]) -> None:
+    """Each written node's depth, from its parent's; a cycle or a node deeper than
+    MAX_DEPTH is a bad patch. A stored node's depth is as stored unless the patch moves
+    one of its ancestors: only then is the walk continued through stored nodes."""
+    depth: dict[int, int] = {}
+
+    def parent(node_id: int) -> int | None:
+        write = plan.writes.get(node_id)
+        if write is not None and write.body is not None:
+            up: int | None = write.body.get("parent")
+            return up
+        slot = known.slot(node_id)
+        return slot.parent if slot is not None else None
+
+    for start in written:
+        path: list[int] = []
+        on_path: set[int] = set()
+        at: int | None = start.id
+        while at is not None and at not in depth:
+            if at not in plan.writes and not plan.moved:
+                slot = known.slot(at)
+                depth[at] = slot.depth if slot is not None else 0
+                break
+            if at in on_path:
+                raise BadPatch(f"node {start.id} would be its own ancestor")
+            path.append(at)
+            on_path.add(at)
+            at = parent(at)
+        below = -1 if at is None else depth[at]
+        for node_id in reversed(path):
+            below += 1
+            depth[node_id] = below
+        if depth[start.id] > MAX_DEPTH:
+            raise BadPatch(
+                f"node {start.id} would be {depth[start.id]} nodes below its story's first:"
+                f" a story may be at most {MAX_DEPTH} deep (start a new story from it)"
+            )
+        start.depth = depth[start.id]

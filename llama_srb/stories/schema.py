@@ -15,8 +15,11 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 # The bounds, stated once (docs/api.md, "The story library").
-MAX_STORIES = 10_000  # in the library, the trash included
+MAX_STORIES = 10_000  # in one writer's library (the trash not counted)
+MAX_TRASH = 1_000  # in one writer's trash: a delete beyond it purges the oldest
 MAX_NODES = 10_000  # live nodes of one story
+MAX_DEPTH = 5_000  # a node's ancestors
+MAX_TOMBSTONES = 10_000  # deleted nodes a story remembers; beyond, the oldest half goes
 MAX_STORY_BYTES = 64 << 20  # JSON of a story's live nodes
 MAX_NODE_BYTES = 4 << 20  # JSON of one node
 MAX_TEXT_CHARS = 1_000_000  # a node's text, a continuation, the memory

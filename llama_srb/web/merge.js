@@ -59,8 +59,9 @@ export function applyPatch(tree, patch) {
 /** `tree` with the server's `changes` applied (in place): whole nodes, deleted ids, and
  * the story's fields (`fields`: name, current, memory, note, depth, settings). */
 export function applyChanges(tree, changes) {
+  const deleted = deletedFrom(tree, changes);
   for (const raw of changes.nodes) tree.nodes.set(raw.id, Tree.readNode(raw));
-  for (const id of changes.deleted) tree.nodes.delete(id);
+  for (const id of deleted) tree.nodes.delete(id);
   const fields = changes.fields ?? {};
   for (const f of CONTEXT_FIELDS) if (f in fields) tree.context[f] = fields[f];
   if ("settings" in fields) tree.settings = fields.settings;
@@ -68,6 +69,14 @@ export function applyChanges(tree, changes) {
   if ("current" in fields) tree.current = fields.current;
   Tree.bumpNextId(tree, changes.next_id ?? 0);
   return tree;
+}
+
+/** The ids `changes` deletes from `tree`: those listed, and, when the server sent the whole
+ * story (`whole`: it no longer remembers deletions that old), every node it does not have. */
+function deletedFrom(tree, changes) {
+  if (!changes.whole) return changes.deleted;
+  const kept = new Set(changes.nodes.map((raw) => raw.id));
+  return [...tree.nodes.keys()].filter((id) => !kept.has(id));
 }
 
 /** A whole story from the server as changes from nothing (for a copy that has none). */
@@ -118,7 +127,7 @@ export function rebase(base, mine, changes) {
       }
     }
   }
-  for (const id of changes.deleted) {
+  for (const id of deletedFrom(base, changes)) {
     const b = base.nodes.get(id);
     const m = mine.nodes.get(id);
     if (!m) continue;

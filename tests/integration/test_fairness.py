@@ -1,6 +1,8 @@
 """Fair share between clients through the real server: named API keys in the log and the
 metrics, each client's own share of the queue, a light client served beside heavy ones,
-and X-Forwarded-For believed only from a configured proxy.
+X-Forwarded-For believed only from a configured proxy, and the sessions of one address
+dividing its share (issue 38). Addresses other than this machine's come through
+X-Forwarded-For from a proxy the server trusts (loopback).
 
 The default model only: what is tested is who is admitted when, and what is logged,
 none of which depends on the model.
@@ -76,9 +78,10 @@ def test_each_key_is_accepted_and_named_in_the_log_and_the_metrics(keyed: Runnin
 @pytest.fixture(scope="module")
 def narrow(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> Iterator[RunningServer]:
     """One sequence and no reserve, so that every other request waits; a queue of 4, of
-    which one client may fill 2."""
+    which one client may fill 2; X-Forwarded-For believed from 127.0.0.1 only."""
     args = ("--model", bundled_model, "--n-ctx", "4096", "--max-sequences", "1", "--max-n", "1")
     limits = ("--reserve-sequences", "0", "--max-queue", "4", "--client-max-queue", "2")
+    limits += ("--trusted-proxies", "127.0.0.1")
     with run_server(tmp_path_factory.mktemp("narrow"), *args, *limits) as running:
         yield running
 
@@ -86,7 +89,7 @@ def narrow(tmp_path_factory: pytest.TempPathFactory, bundled_model: str) -> Iter
 def test_a_prompt_list_counts_against_its_own_clients_share_of_the_queue(
     narrow: RunningServer,
 ) -> None:
-    heavy = {"X-Session-Id": "heavy"}
+    heavy = {"X-Session-Id": "heavy", "X-Forwarded-For": "198.51.100.1"}
     too_many = complete(narrow, {"prompt": ["a", "b", "c"], "max_tokens": 1}, heavy)
     assert too_many.status_code == 400 and "--client-max-queue" in too_many.text
 
@@ -98,9 +101,13 @@ def test_a_prompt_list_counts_against_its_own_clients_share_of_the_queue(
         full = complete(narrow, {"prompt": "a", "max_tokens": 1}, heavy)
         assert full.status_code == 429 and "of your requests" in full.text
         assert int(full.headers["retry-after"]) >= 1
+        # A new session id from the same address shares its share: no more room.
+        again = complete(narrow, {"prompt": "a", "max_tokens": 1}, {**heavy, "X-Session-Id": "2"})
+        assert again.status_code == 429
 
-        other = Stream(narrow, {"prompt": "a", "max_tokens": 2}, {"X-Session-Id": "light"})
-        other.start()  # another client still has room
+        light = {"X-Session-Id": "light", "X-Forwarded-For": "198.51.100.2"}
+        other = Stream(narrow, {"prompt": "a", "max_tokens": 2}, light)
+        other.start()  # another address still has room
         wait_for(lambda: other.status is not None)
         assert other.status == 200
         wait_for(lambda: narrow.metric("llama_srb_requests_waiting") == 3)
@@ -131,15 +138,19 @@ def test_a_light_client_is_served_while_two_heavy_ones_hold_every_large_sequence
     """Strict arrival order kept the light request waiting for a heavy one to end (minutes
     here); now it finishes while both heavy streams still run."""
     heavy = [
-        Stream(shared, {**HEAVY, "n": 4}, {"X-Session-Id": f"heavy-{i}"}).started()
+        Stream(shared, {**HEAVY, "n": 4}, {"X-Forwarded-For": f"198.51.100.{i}"}).started()
         for i in range(2)
     ]
     try:
         assert shared.metric("llama_srb_sequences_running") == 8
-        third = Stream(shared, {**HEAVY, "n": 4}, {"X-Session-Id": "heavy-0"})
-        third.start()  # heavy-0 holds its share (4 sequences): this one waits
+        # heavy-0 holds its address's share (4 sequences): this one waits, whatever its
+        # session id says.
+        third_from = {"X-Forwarded-For": "198.51.100.0", "X-Session-Id": "another"}
+        third = Stream(shared, {**HEAVY, "n": 4}, third_from)
+        third.start()
         wait_for(lambda: shared.metric("llama_srb_requests_waiting") == 1)
-        light = complete(shared, {"prompt": STORY, "max_tokens": 8}, {"X-Session-Id": "light"})
+        light_from = {"X-Forwarded-For": "203.0.113.9", "X-Session-Id": "light"}
+        light = complete(shared, {"prompt": STORY, "max_tokens": 8}, light_from)
         assert light.status_code == 200, light.text
         assert all(stream.ended_at is None for stream in heavy)  # still streaming
         assert third.ended_at is None and shared.metric("llama_srb_requests_waiting") == 1
@@ -147,24 +158,28 @@ def test_a_light_client_is_served_while_two_heavy_ones_hold_every_large_sequence
         for stream in (*heavy, third):
             stream.hang_up.set()
     wait_until_idle(shared, within=30)
-    light_line = next(line for line in request_lines(shared) if line["client"] == "session:light")
+    light_client = "address:203.0.113.9/session:light"
+    light_line = next(line for line in request_lines(shared) if line["client"] == light_client)
     assert light_line["outcome"] == "completed"
 
 
-def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(
-    shared: RunningServer, narrow: RunningServer
-) -> None:
-    forwarded = {"X-Forwarded-For": "203.0.113.7"}
+def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(shared: RunningServer) -> None:
+    forwarded = {"X-Forwarded-For": "203.0.113.7", "X-Session-Id": "s1"}
     assert complete(shared, {"prompt": "a", "max_tokens": 1}, forwarded).status_code == 200
-    assert complete(narrow, {"prompt": "a", "max_tokens": 1}, forwarded).status_code == 200
-    assert request_lines(shared)[-1]["client"] == "address:203.0.113.7"
-    assert request_lines(narrow)[-1]["client"] == "address:127.0.0.1"  # not trusted: ignored
+    assert request_lines(shared)[-1]["client"] == "address:203.0.113.7/session:s1"
+    # From 127.0.0.2, which is no proxy of its: ignored, the connection's address counts.
+    transport = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(transport=transport, timeout=120) as untrusted:
+        body = {"prompt": "a", "max_tokens": 1}
+        answer = untrusted.post(f"{shared.api_url}/completions", json=body, headers=forwarded)
+    assert answer.status_code == 200
+    assert request_lines(shared)[-1]["client"] == "address:127.0.0.2/session:s1"
 
 
 def test_a_session_id_is_cut_to_a_bounded_length(narrow: RunningServer) -> None:
     response = complete(narrow, {"prompt": "a", "max_tokens": 1}, {"X-Session-Id": "s" * 500})
     assert response.status_code == 200
-    assert request_lines(narrow)[-1]["client"] == "session:" + "s" * 64
+    assert request_lines(narrow)[-1]["client"] == "address:127.0.0.1/session:" + "s" * 64
 
 
 def test_the_ui_is_served_with_security_headers(narrow: RunningServer) -> None:

@@ -218,6 +218,51 @@ def test_polled_check_and_abort_by_genkey(server: RunningServer) -> None:
     worker.join(timeout=TIMEOUT)
     (result,) = answer["r"].json()["results"]
     assert result["text"].startswith(pending) and result["completion_tokens"] < 2000
+    assert result["finish_reason"] == "abort"  # not "length": it was stopped
+
+
+def test_a_guessed_genkey_reads_nothing_and_an_aborted_stream_says_so(
+    server: RunningServer,
+) -> None:
+    """The issue's attack: Lite (a file page: `Origin: null`) streams with KCPP4711;
+    another page on the same machine tries keys, the right one among them: it reads and
+    stops nothing. Lite's own abort stops it, and its stream's last event says "abort"."""
+    lite = {**HEADERS, "Origin": "null"}
+    guesser = {**HEADERS, "Origin": "http://localhost:7777"}
+    body = lite_payload(genkey="KCPP4711", max_length=2000, stop_sequence=[])
+    body["use_default_badwordsids"] = True  # no end-of-text: it runs until aborted
+    check = f"{server.base_url}/api/extra/generate/check"
+    abort = f"{server.base_url}/api/extra/abort"
+    with httpx.stream(
+        "POST",
+        f"{server.base_url}/api/extra/generate/stream",
+        json=body,
+        headers=lite,
+        timeout=TIMEOUT,
+    ) as response:
+        assert response.headers["x-genkey"] == "KCPP4711"
+        events = lite_events(response)
+        first = next(events)  # it runs
+        assert first["data"]["finish_reason"] == "null"
+        for guess in [*(f"KCPP{n:04d}" for n in range(4690, 4720)), "KCPP4711"]:
+            read = httpx.post(check, json={"genkey": guess}, headers=guesser).json()
+            assert read == {"results": [{"text": ""}]}, guess
+            stop = httpx.post(abort, json={"genkey": guess}, headers=guesser).json()
+            assert stop == {"success": "false", "done": "false"}, guess
+        assert httpx.post(check, json={"genkey": "KCPP4711"}, headers=lite).json()["results"][0]
+        stopped = httpx.post(abort, json={"genkey": "KCPP4711"}, headers=lite).json()
+        assert stopped == {"success": "true", "done": "true"}
+        rest = list(events)
+    assert rest and rest[-1]["data"]["finish_reason"] == "abort"
+
+
+def test_a_generation_without_a_genkey_gets_an_unguessable_one(server: RunningServer) -> None:
+    body = lite_payload()
+    del body["genkey"]
+    response = generate(server, body)
+    assert response.status_code == 200 and re.fullmatch(
+        r"[0-9a-f]{32}", response.headers["x-genkey"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,9 @@
 """The story library through the real server (issue 30): the API key gates it, bad input
 (huge bodies, deep JSON, bad JSON, unknown ids, path tricks) gets a 4xx and leaves the
 store as it was, two writers on one revision merge or get a 409 naming the clash, and a
-server killed with SIGKILL mid-edit loses no write it confirmed."""
+server killed with SIGKILL mid-edit loses no write it confirmed. Issue 38: each writer's
+stories are theirs (another key's name gets a 404, an admin key sees all), no page of
+another origin reaches them, and no client can fill the library or stall it."""
 
 from __future__ import annotations
 
@@ -55,6 +57,8 @@ def test_the_api_key_gates_every_story_route(keyed: RunningServer) -> None:
         ("DELETE", f"/stories/{sid}"),
         ("POST", f"/stories/{sid}/restore"),
         ("POST", f"/stories/{sid}/duplicate"),
+        ("POST", f"/stories/{sid}/owner"),
+        ("DELETE", "/stories/trash"),
     ]
     for method, path in routes:
         response = httpx.request(method, f"{keyed.api_url}{path}", json={}, timeout=30)
@@ -233,3 +237,162 @@ def test_a_server_killed_mid_edit_loses_nothing_it_confirmed(tmp_path: Path) -> 
     assert set(confirmed) <= ids and story["revision"] >= len(confirmed) + 1
     assert ids == set(range(1, story["revision"] + 1))  # at most one more: it committed, unheard
     assert json.dumps(story)  # readable whole
+
+
+# -- issue 38: owners, pages, bounds ------------------------------------------------------
+
+WRITERS = {"alice": "k-alice", "bob": "k-bob", "root": "k-root"}
+CREATIONS = 6  # --story-creations: a minute's new stories per writer
+
+
+def as_(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {WRITERS[name]}"}
+
+
+@pytest.fixture(scope="module")
+def writers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    tmp = tmp_path_factory.mktemp("writers")
+    keys = ("--api-key", "alice: k-alice", "--api-key", "bob: k-bob")
+    args = (*keys, "--api-key", "admin:root: k-root", "--story-creations", str(CREATIONS))
+    with run_server(tmp, *args, "--n-ctx", "512") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def keyless(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The default: no key, `--cors-origins null,loopback`."""
+    with run_server(tmp_path_factory.mktemp("keyless"), "--n-ctx", "512") as running:
+        yield running
+
+
+def by(server: RunningServer, name: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    headers = {**as_(name), **kwargs.pop("headers", {})}
+    return httpx.request(method, f"{server.api_url}{path}", headers=headers, timeout=60, **kwargs)
+
+
+def test_another_writer_gets_a_404_and_changes_nothing(writers: RunningServer) -> None:
+    """The issue's requests: Bob lists, reads, overwrites, deletes, restores and copies
+    Alice's story; each answer is what an unknown id gets, and her text is as she left it."""
+    made = by(writers, "alice", "POST", "/stories", json={"nodes": [{"id": 1, "text": STORY}]})
+    sid = made.json()["id"]
+    unknown = by(writers, "bob", "GET", "/stories/no-such-story").json()["error"]
+    assert sid not in {s["id"] for s in by(writers, "bob", "GET", "/stories").json()["data"]}
+    overwrite = {"base_revision": 1, "nodes": [{"id": 1, "text": "bob overwrote it"}]}
+    tries = [
+        ("GET", f"/stories/{sid}", {}),
+        ("GET", f"/stories/{sid}?since=0", {}),
+        ("PATCH", f"/stories/{sid}", {"json": overwrite}),
+        ("DELETE", f"/stories/{sid}", {}),
+        ("POST", f"/stories/{sid}/restore", {}),
+        ("POST", f"/stories/{sid}/duplicate", {}),
+        ("POST", f"/stories/{sid}/owner", {"json": {"owner": "bob"}}),
+    ]
+    for method, path, kwargs in tries:
+        response = by(writers, "bob", method, path, **kwargs)
+        assert response.status_code == 404, (method, path, response.text)
+        error = response.json()["error"]
+        assert error["code"] == unknown["code"] == "story_not_found"
+        assert error["message"] == f"no story with the id {sid!r}"
+    story = by(writers, "alice", "GET", f"/stories/{sid}").json()
+    assert story["revision"] == 1 and story["nodes"][0]["text"] == STORY
+    assert story["owner"] == "alice"
+
+
+def test_an_admin_key_sees_and_manages_every_story(writers: RunningServer) -> None:
+    sid = by(writers, "alice", "POST", "/stories", json={"name": "Alice's"}).json()["id"]
+    listed = {s["id"]: s["owner"] for s in by(writers, "root", "GET", "/stories").json()["data"]}
+    assert listed[sid] == "alice"
+    assert (
+        by(
+            writers, "root", "PATCH", f"/stories/{sid}", json={"base_revision": 1, "name": "Read"}
+        ).status_code
+        == 200
+    )
+    given = by(writers, "root", "POST", f"/stories/{sid}/owner", json={"owner": "bob"})
+    assert given.status_code == 200 and given.json()["owner"] == "bob"
+    assert by(writers, "alice", "GET", f"/stories/{sid}").status_code == 404
+    assert by(writers, "bob", "GET", f"/stories/{sid}").json()["name"] == "Read"
+    refused = by(writers, "bob", "POST", f"/stories/{sid}/owner", json={"owner": "alice"})
+    assert refused.status_code == 403 and "only an admin" in refused.json()["error"]["message"]
+    assert by(writers, "root", "DELETE", f"/stories/{sid}").json()["deleted"] is True
+    assert by(writers, "bob", "GET", f"/stories/{sid}").status_code == 410
+
+
+def test_new_stories_per_writer_are_bounded_with_a_429_and_retry_after(
+    writers: RunningServer,
+) -> None:
+    """One writer's burst of new stories is refused past --story-creations a minute; the
+    others' are not, and deleted stories leave room (the trash is emptied on request)."""
+    answers = [by(writers, "bob", "POST", "/stories", json={}) for _ in range(CREATIONS + 1)]
+    statuses = [a.status_code for a in answers]
+    assert statuses[-1] == 429 and statuses.count(201) <= CREATIONS, statuses
+    refused = answers[-1]
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "too_many_stories"
+    assert "--story-creations" in refused.json()["error"]["message"]
+    assert by(writers, "alice", "POST", "/stories", json={}).status_code == 201
+    for answer in answers:
+        if answer.status_code == 201:
+            by(writers, "bob", "DELETE", f"/stories/{answer.json()['id']}")
+    emptied = by(writers, "bob", "DELETE", "/stories/trash").json()
+    assert emptied["object"] == "story.trash" and emptied["purged"] >= CREATIONS - 1
+    gone = answers[0].json()["id"]
+    assert by(writers, "bob", "POST", f"/stories/{gone}/restore").status_code == 404
+
+
+@pytest.mark.parametrize("origin", ["null", "http://localhost:8000", "https://evil.example"])
+def test_no_page_of_another_origin_reaches_the_library(
+    keyless: RunningServer, writers: RunningServer, origin: str
+) -> None:
+    """`Origin: null` (a sandboxed frame of any site), a local page, another site: 403 on
+    every library route and its preflight, keyless or with a key; the server's own pages
+    and clients without Origin (curl, SDKs) pass. Generation still answers `null`."""
+    sid = make_keyless(keyless)
+    for server, auth in ((keyless, {}), (writers, as_("alice"))):
+        for method, path in (
+            ("GET", "/stories"),
+            ("PATCH", f"/stories/{sid}"),
+            ("DELETE", f"/stories/{sid}"),
+        ):
+            headers = {**auth, "Origin": origin}
+            response = httpx.request(
+                method,
+                f"{server.api_url}{path}",
+                headers=headers,
+                json={"base_revision": 1},
+                timeout=30,
+            )
+            assert response.status_code == 403, (origin, method, path)
+            assert "--library-origins" in response.json()["error"]["message"]
+            assert "access-control-allow-origin" not in response.headers
+            preflight = {"Origin": origin, "Access-Control-Request-Method": method}
+            asked = httpx.options(f"{server.api_url}{path}", headers=preflight, timeout=30)
+            assert asked.status_code == 403
+    assert httpx.get(f"{keyless.api_url}/stories/{sid}", timeout=30).status_code == 200
+    own = {"Origin": keyless.base_url}
+    assert httpx.get(f"{keyless.api_url}/stories", headers=own, timeout=30).status_code == 200
+    models = httpx.get(f"{keyless.api_url}/models", headers={"Origin": "null"}, timeout=30)
+    assert models.status_code == 200  # Mikupad's and Lite's file pages still generate
+
+
+def make_keyless(server: RunningServer) -> str:
+    made = httpx.post(
+        f"{server.api_url}/stories", json={"nodes": [{"id": 1, "text": STORY}]}, timeout=30
+    )
+    assert made.status_code == 201, made.text
+    return str(made.json()["id"])
+
+
+def test_depth_and_node_count_are_400s_naming_the_limit(keyless: RunningServer) -> None:
+    deep = [{"id": i, "parent": i - 1 if i > 1 else None, "text": "x"} for i in range(1, 5_003)]
+    refused = httpx.post(f"{keyless.api_url}/stories", json={"nodes": deep}, timeout=60)
+    assert refused.status_code == 400 and "at most 5000 deep" in refused.json()["error"]["message"]
+    wide = [{"id": 1, "text": "x"}] + [
+        {"id": i, "parent": 1, "text": "y"} for i in range(2, 10_001)
+    ]
+    made = httpx.post(f"{keyless.api_url}/stories", json={"nodes": wide}, timeout=60)
+    assert made.status_code == 201 and made.json()["node_count"] == 10_000
+    sid = made.json()["id"]
+    more = {"base_revision": 1, "nodes": [{"id": 10_001, "parent": 1, "text": "z"}]}
+    over = httpx.patch(f"{keyless.api_url}/stories/{sid}", json=more, timeout=60)
+    assert over.status_code == 400 and "may have 10000" in over.json()["error"]["message"]

@@ -181,6 +181,29 @@ def test_deleting_on_one_side_and_changing_on_the_other_clash_both_ways(page: An
     ]
 
 
+def test_the_whole_story_from_the_server_deletes_what_it_no_longer_has(page: Any) -> None:
+    """A copy older than the deletions the server still remembers (its tombstones were
+    compacted) gets the whole story (`whole`): a node it lacks was deleted there."""
+    result = run(
+        page,
+        """
+        const base = story();
+        const mine = Tree.clone(base);
+        mine.nodes.get(2).bookmarked = true;                  // changed here, deleted there
+        mine.nodes.set(4, node(4, 1, "Once. Mine."));         // the writer's own new node
+        const theirs = Tree.clone(base);
+        Tree.deleteSubtree(theirs, 2);
+        Tree.deleteSubtree(theirs, 3);
+        const whole = { ...changesOf(base, theirs), since: 0, deleted: [], whole: true,
+                        nodes: [...theirs.nodes.values()] };
+        const { theirs: server, conflicts } = Merge.rebase(base, mine, whole);
+        return [ids(server), conflicts.map((c) => `${c.kind} #${c.node}`), ids(mine),
+                ids(Merge.applyChanges(story(), whole))];
+    """,
+    )
+    assert result == [[1], ["deleted-there #2"], [1, 2, 4], [1]]
+
+
 def test_their_new_node_on_an_id_mine_holds_pushes_mine_aside(page: Any) -> None:
     assert run(
         page,

@@ -60,6 +60,24 @@ def test_one_writers_keys_do_not_tell_clients_apart() -> None:
     assert not ApiKeys(Settings(api_key="only")).several
 
 
+def test_an_admin_key_is_marked_and_a_mistaken_admin_line_is_refused(tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text("admin:root: sk-root\nalice: sk-1\n")
+    settings = Settings(api_key=["admin:ops: sk-ops"], api_key_file=key_file)
+    assert [(k.name, k.key, k.admin) for k in settings.api_keys()] == [
+        ("ops", "sk-ops", True),
+        ("root", "sk-root", True),
+        ("alice", "sk-1", False),
+    ]
+    keys = ApiKeys(settings)
+    headers = [(b"authorization", b"Bearer sk-root")]
+    assert keys.identify({"headers": headers}) == ("root", True)
+    assert keys.identify({"headers": [(b"authorization", b"Bearer sk-1")]}) == ("alice", False)
+    for spec in ("admin: sk-x", "admin:sk-x", "admin:a b: sk"):  # no name, or not one
+        with pytest.raises(ValidationError, match="admin:name: key"):
+            Settings(api_key=spec)
+
+
 @pytest.mark.parametrize("spec", ["alice: ", " ", "bob:  "])
 def test_a_named_key_without_a_key_is_refused_at_startup(spec: str) -> None:
     with pytest.raises(ValidationError, match="api_key"):

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from llama_srb.api.input.kobold import kobold_budget, sampler_names
-from llama_srb.api.routes.kobold import GenKeys, Job
+from llama_srb.api.routes.kobold import MISS_WINDOW_S, MISSES_PER_MINUTE, GenKeys, Job
 from llama_srb.api.schemas.kobold import KOBOLD_DEFAULTS, KoboldGenerateRequest
 
 
@@ -100,18 +100,36 @@ def test_the_context_and_max_length(
     assert kobold_budget(body(**fields), n_ctx) == budget
 
 
-def test_a_genkey_counts_only_for_the_client_that_started_it() -> None:
+def test_a_genkey_counts_only_for_the_owner_that_started_it() -> None:
     keys = GenKeys()
-    mine = ("127.0.0.1", "null", None)
+    mine = ("address", "127.0.0.1", "null")
     job = Job(mine)
     keys.add("KCPP1234", job)
     assert keys.find("KCPP1234", mine) is job
-    assert keys.find("KCPP1234", ("127.0.0.1", "http://localhost:8000", None)) is None
-    assert keys.find("KCPP1234", ("127.0.0.1", "null", "Bearer other")) is None
+    assert keys.find("KCPP1234", ("address", "127.0.0.1", "http://localhost:8000")) is None
+    assert keys.find("KCPP1234", ("key", "bob")) is None
     assert keys.find("", mine) is None  # no key: nothing
     newer = Job(mine)
     keys.add("KCPP1234", newer)
     keys.remove("KCPP1234", job)  # the older one ending leaves the newer registered
     assert keys.find("KCPP1234", mine) is newer
+    theirs = Job(("key", "bob"))
+    keys.add("KCPP1234", theirs)  # the same four digits, another owner: both stay
+    assert keys.find("KCPP1234", mine) is newer and keys.find("KCPP1234", ("key", "bob")) is theirs
     keys.remove("KCPP1234", newer)
     assert keys.find("KCPP1234", mine) is None
+
+
+def test_an_owner_that_keeps_guessing_finds_nothing_for_a_minute() -> None:
+    """The issue's attack: trying KCPP0000 to KCPP9999. After MISSES_PER_MINUTE keys that
+    are not running, even a running one is not found until the misses are a minute old."""
+    keys = GenKeys()
+    guesser = ("address", "127.0.0.1", "")
+    keys.add("KCPP4711", Job(guesser))
+    for n in range(MISSES_PER_MINUTE):
+        assert keys.find(f"KCPP{n:04d}", guesser, now=100.0 + n / 100) is None
+    assert keys.find("KCPP4711", guesser, now=101.0) is None
+    other = ("address", "127.0.0.1", "null")  # another page on the same machine: its own count
+    keys.add("KCPP4711", mine := Job(other))
+    assert keys.find("KCPP4711", other, now=101.0) is mine
+    assert keys.find("KCPP4711", guesser, now=100.0 + MISS_WINDOW_S + 1) is not None

@@ -83,15 +83,24 @@ async def _echo(request: Request) -> JSONResponse:
 
 
 def _gate(policy: OriginPolicy) -> OriginGate:
-    app = Starlette(routes=[Route("/v1/x", _echo, methods=["GET", "POST"])])
+    every = ["GET", "POST", "PATCH", "DELETE"]
+    app = Starlette(
+        routes=[
+            Route("/v1/x", _echo, methods=["GET", "POST"]),
+            Route("/v1/stories", _echo, methods=every),
+            Route("/v1/stories/{sid}", _echo, methods=every),
+        ]
+    )
     return OriginGate(app, policy, open_paths={"/metrics"})
 
 
-def _call(policy: OriginPolicy, method: str, headers: dict[str, str]) -> httpx.Response:
+def _call(
+    policy: OriginPolicy, method: str, headers: dict[str, str], path: str = "/v1/x"
+) -> httpx.Response:
     async def go() -> httpx.Response:
         transport = httpx.ASGITransport(app=_gate(policy))
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:9090") as c:
-            return await c.request(method, "/v1/x", headers=headers, content=b"{}")
+            return await c.request(method, path, headers=headers, content=b"{}")
 
     return asyncio.run(go())
 
@@ -156,3 +165,71 @@ def test_another_sites_preflight_is_refused() -> None:
 
 def test_requests_without_origin_pass() -> None:
     assert _call(DEFAULT, "POST", {}).json() == {"ran": True}
+
+
+LIBRARY_PATHS = [
+    ("GET", "/v1/stories"),
+    ("PATCH", "/v1/stories/abcdefgh12"),
+    ("DELETE", "/v1/stories/abcdefgh12"),
+]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        DEFAULT,
+        OriginPolicy.of(["*"], keyed=False),
+        OriginPolicy.of(["null", "loopback", FOREIGN], keyed=True),
+    ],
+    ids=["default", "any page", "keyed, listed"],
+)
+@pytest.mark.parametrize("origin", ["null", "http://localhost:8000", FOREIGN])
+@pytest.mark.parametrize(("method", "path"), LIBRARY_PATHS)
+def test_the_library_refuses_other_pages_whatever_cors_origins_says(
+    policy: OriginPolicy, origin: str, method: str, path: str
+) -> None:
+    """A sandboxed frame (`null`), a local page, a site --cors-origins lets generate: none
+    may read or change the stories, with or without a key."""
+    response = _call(policy, method, {"Origin": origin}, path)
+    assert response.status_code == 403
+    error = response.json()["error"]
+    assert error["code"] == "origin_not_allowed" and "--library-origins" in error["message"]
+    assert "access-control-allow-origin" not in response.headers
+    preflight = {"Origin": origin, "Access-Control-Request-Method": method}
+    assert _call(policy, "OPTIONS", preflight, path).status_code == 403
+
+
+def test_the_library_answers_its_own_pages_listed_sites_and_no_page() -> None:
+    own = {"Origin": "http://127.0.0.1:9090"}
+    assert _call(DEFAULT, "PATCH", own, "/v1/stories/abcdefgh12").json() == {"ran": True}
+    assert _call(DEFAULT, "GET", {}, "/v1/stories").json() == {"ran": True}  # curl, an SDK
+    listed = OriginPolicy.of(["null"], keyed=False, library=["https://notes.example"])
+    site = {"Origin": "https://notes.example", "Access-Control-Request-Method": "PATCH"}
+    preflight = _call(listed, "OPTIONS", site, "/v1/stories/abcdefgh12")
+    assert (
+        preflight.status_code == 204
+        and "PATCH" in preflight.headers["access-control-allow-methods"]
+    )
+    assert _call(listed, "GET", {"Origin": "null"}, "/v1/stories").status_code == 403
+    # Generation's preflight offers what generation uses, not the library's methods.
+    other = _call(DEFAULT, "OPTIONS", {"Origin": "null", "Access-Control-Request-Method": "POST"})
+    assert "PATCH" not in other.headers["access-control-allow-methods"]
+
+
+@pytest.mark.parametrize("site", ["cross-site", "same-site"])
+def test_a_no_cors_read_from_another_page_is_refused_though_it_has_no_origin(site: str) -> None:
+    """An <img> or <script> of another page sends no Origin; Sec-Fetch-Site tells."""
+    response = _call(DEFAULT, "GET", {"Sec-Fetch-Site": site}, "/v1/stories")
+    assert response.status_code == 403 and "story library" in response.json()["error"]["message"]
+    for own in ("same-origin", "none"):  # the UI's own fetch, an address typed in
+        assert _call(DEFAULT, "GET", {"Sec-Fetch-Site": own}, "/v1/stories").status_code == 200
+    assert _call(DEFAULT, "GET", {"Sec-Fetch-Site": site}).status_code == 200  # not the library
+
+
+@pytest.mark.parametrize("origin", ["null", "loopback", "*", "https://notes.example/path", "x"])
+def test_library_origins_are_named_sites_only(origin: str) -> None:
+    with pytest.raises(ValueError, match="library_origins"):
+        Settings(library_origins=[origin])
+    assert Settings(library_origins=["https://Notes.example:8443/"]).library_origins == [
+        "https://notes.example:8443"
+    ]

@@ -251,3 +251,75 @@ def test_a_finished_branch_returns_its_sequence_to_the_reserve_and_its_cells_lat
     assert admitted(s) == ["tiny"]  # a sequence is back; 36 + 4 cells fill the reserve
     s.postprocess([(small, [ChoiceDelta(1, finish_reason=FinishReason.STOP)])])
     assert admitted(s) == ["short"]  # `small` ended: its cells are back too
+
+
+# -- sessions of one address (issue 38) ----------------------------------------------------
+
+A = "address:10.0.0.1"
+B = "address:10.0.0.2"
+
+
+def session(address: str, name: str) -> str:
+    return f"{address}/session:{name}"
+
+
+def test_sessions_divide_their_address_share_they_do_not_multiply_it() -> None:
+    """Ten session ids from one address hold what one client may (the cap counts the
+    address), and another address still gets its turn first."""
+    s = scheduler(large_sequences=16, share=ShareRules(client_sequences=4))
+    for i in range(10):
+        s.add(make(f"a{i}", session(A, str(i)), n=2))
+    assert admitted(s) == ["a0", "a1"]  # 4 sequences: the address's cap
+    s.add(make("b", B, n=2))
+    assert admitted(s) == ["b"]
+    assert sum(len(r.live) for r in s.running if r.client.startswith(A)) == 4
+
+
+def test_the_turn_goes_by_address_then_by_session() -> None:
+    s = scheduler(large_sequences=8)
+    s.add(make("a-first", session(A, "1"), n=4))
+    assert admitted(s) == ["a-first"]
+    for request in (
+        make("a-same", session(A, "1"), n=2),
+        make("a-other", session(A, "2"), n=2),
+        make("b", B, n=2),
+    ):
+        s.add(request)
+    # B's address holds nothing: first; then A's session that holds nothing, before A's
+    # first session (whose request came earlier); the server is then full.
+    assert admitted(s) == ["b", "a-other"]
+
+
+def first_token_step(heavy_clients: list[str]) -> int:
+    """The step at which a light client's first token comes, while heavy requests from
+    `heavy_clients` (one each, in turn) fill the server."""
+    engine, _ = make_engine(
+        n_ctx=4096,
+        n_batch=64,
+        max_live=8,
+        share=ShareRules(client_sequences=8, reserve_sequences=2, reserve_cells=64),
+    )
+    outputs = Outputs()
+    prompt = FakeModel.tokens("onceuponatime")
+    for i in range(10):  # small requests (within the reserve's cells): it would take them
+        client = heavy_clients[i % len(heavy_clients)]
+        engine.add(make_request(f"heavy{i}", prompt, n=1, client=client, max_tokens=45))
+    for _ in range(5):
+        outputs.add(engine.step())
+    engine.add(make_request("light", FakeModel.tokens("hi"), n=1, client=B, max_tokens=8))
+    for step in range(1, 300):
+        outputs.add(engine.step())
+        check_kv(engine)
+        if outputs.tokens("light").get(0):
+            return step
+    raise AssertionError("no first token for the light client")
+
+
+def test_ten_session_ids_delay_another_client_no_more_than_one_does() -> None:
+    """The issue's case, counted in steps: ten sessions of one address against one. Were
+    each session a client of its own (as before), the ten would hold every sequence, the
+    reserve's too, and the light request would wait for one of them to end."""
+    one = first_token_step([session(A, "only")])
+    ten = first_token_step([session(A, str(i)) for i in range(10)])
+    assert ten == one == 1
+    assert first_token_step([f"session:{i}" for i in range(10)]) > 30  # ten clients

@@ -7,12 +7,19 @@ submit → render/kobold.py).
 A `genkey` (KoboldAI Lite sends "KCPP" and four digits) lets /api/extra/generate/check read
 a generation's text so far and /api/extra/abort stop it. KoboldCpp stops whatever runs when
 the key is empty; here nothing is stopped or read without the key, and a key counts only
-for the client that started the generation (its address, page origin and Authorization),
-so one client can neither stop nor read another's.
+for the owner that started the generation (its API key's name; without keys, its address
+and page origin), so one writer can neither stop nor read another's. Lite's four digits
+are guessable: an owner that keeps asking for keys that are not running (20 a minute)
+finds none of its own for a while. A generation sent without a genkey gets one made here,
+128 random bits, in the answer's `X-Genkey` header. An aborted generation's own answer
+says so (`finish_reason` "abort").
 """
 
 from __future__ import annotations
 
+import secrets
+import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, cast
@@ -21,6 +28,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from llama_srb.api.clients import Owner, generation_owner
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.kobold import kobold_budget, kobold_params, kobold_prompt
@@ -44,42 +52,53 @@ from llama_srb.engine.spec import RequestSpec
 KOBOLDCPP_VERSION = "1.76"  # whose API this is: KoboldAI Lite turns features on by it
 KOBOLDAI_API_VERSION = "1.2.5"  # the KoboldAI United API version KoboldCpp reports
 MAX_GENKEY_BODY = 4096  # a check or abort body holds a key, nothing more
-
-Scope = tuple[str | None, str | None, str | None]
+GENKEY_HEADER = "X-Genkey"  # the genkey made here for a generation sent without one
+MISSES_PER_MINUTE = 20  # keys an owner may ask for that are not running, before it is cut off
+MISS_WINDOW_S = 60.0
 
 
 @dataclass
 class Job:
     """A running generation that a genkey names."""
 
-    scope: Scope
+    owner: Owner
     request_ids: list[str] = field(default_factory=list)
     call: KoboldCall | None = None
     aborted: bool = False
 
 
 class GenKeys:
-    """genkey → its running generation; one owner: the router."""
+    """(owner, genkey) → its running generation; one owner: the router. A lookup sees only
+    the asker's own generations, and none while the asker is guessing (too many misses)."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[tuple[Owner, str], Job] = {}
+        self._misses: dict[Owner, deque[float]] = {}
 
     def add(self, genkey: str, job: Job) -> None:
-        if genkey:
-            self._jobs[genkey] = job  # a key used again names the newest generation
+        self._jobs[job.owner, genkey] = job  # a key used again names the newest generation
 
     def remove(self, genkey: str, job: Job) -> None:
-        if self._jobs.get(genkey) is job:
-            del self._jobs[genkey]
+        if self._jobs.get((job.owner, genkey)) is job:
+            del self._jobs[job.owner, genkey]
 
-    def find(self, genkey: str, scope: Scope) -> Job | None:
-        job = self._jobs.get(genkey) if genkey else None
-        return job if job is not None and job.scope == scope else None
-
-
-def client_scope(http: Request) -> Scope:
-    host = http.client.host if http.client else None
-    return host, http.headers.get("origin"), http.headers.get("authorization")
+    def find(self, genkey: str, owner: Owner, now: float | None = None) -> Job | None:
+        if not genkey:
+            return None
+        now = time.monotonic() if now is None else now
+        misses = self._misses.get(owner, deque())
+        while misses and misses[0] <= now - MISS_WINDOW_S:
+            misses.popleft()
+        if len(misses) >= MISSES_PER_MINUTE:
+            return None  # guessing: not even its own keys count for now
+        job = self._jobs.get((owner, genkey))
+        if job is None:
+            if len(self._misses) > 10_000:  # forget the owners that stopped missing
+                fresh = now - MISS_WINDOW_S
+                self._misses = {o: m for o, m in self._misses.items() if m and m[-1] > fresh}
+            misses.append(now)
+            self._misses[owner] = misses
+        return job
 
 
 async def genkey_of(http: Request) -> str:
@@ -156,8 +175,9 @@ def kobold_router() -> APIRouter:
         caller = state.caller(http)
         loaded = check_request(state, body, 1, caller)
         model = loaded.model
-        job = Job(client_scope(http))
-        genkeys.add(body.genkey, job)  # before it is built: an abort may come that early
+        job = Job(generation_owner(http))
+        genkey = body.genkey or secrets.token_hex(16)  # 128 bits: nobody guesses it
+        genkeys.add(genkey, job)  # before it is built: an abort may come that early
         try:
 
             def prepare() -> Prepared:
@@ -178,15 +198,20 @@ def kobold_router() -> APIRouter:
             job.request_ids = [s.request_id for s in prepared.submissions]
             outputs = submit(state, prepared.submissions, caller) if job.request_ids else _nothing()
         except BaseException:
-            genkeys.remove(body.genkey, job)
+            genkeys.remove(genkey, job)
             raise
         if stream:
-            return sse_response(_registered(genkeys, body.genkey, job, call.events(outputs)))
-        try:
-            await until_disconnect(http, call.collect(outputs))
-        finally:
-            genkeys.remove(body.genkey, job)
-        return JSONResponse(call.whole())
+            response: Response = sse_response(
+                _registered(genkeys, genkey, job, call.events(outputs))
+            )
+        else:
+            try:
+                await until_disconnect(http, call.collect(outputs))
+            finally:
+                genkeys.remove(genkey, job)
+            response = JSONResponse(call.whole())
+        response.headers[GENKEY_HEADER] = genkey
+        return response
 
     @router.post(
         "/v1/generate",
@@ -223,14 +248,14 @@ def kobold_router() -> APIRouter:
     @router.post("/extra/generate/check")  # one route each: each its own OpenAPI operation
     async def check(http: Request) -> JSONResponse:
         genkey = await genkey_of(http) if http.method == "POST" else ""
-        job = genkeys.find(genkey, client_scope(http))
+        job = genkeys.find(genkey, generation_owner(http))
         if job is None or job.call is None:
             return JSONResponse({"results": [{"text": ""}]})
         return JSONResponse(job.call.pending())
 
     @router.post("/extra/abort")
     async def abort(http: Request, state: State) -> JSONResponse:
-        job = genkeys.find(await genkey_of(http), client_scope(http))
+        job = genkeys.find(await genkey_of(http), generation_owner(http))
         if job is None:
             return JSONResponse({"success": "false", "done": "false"})  # KoboldCpp's strings
         job.aborted = True
