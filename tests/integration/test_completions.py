@@ -57,7 +57,10 @@ def test_branches_decoded_together_match_each_decoded_alone(fresh_server: Runnin
         assert alone["choices"][0]["text"] == choice["text"]
 
 
-def test_same_seed_same_choices_and_choices_differ(server: RunningServer) -> None:
+def test_same_seed_same_choices_and_choices_differ(fresh_server: RunningServer) -> None:
+    """On a server of its own: the second request reads the prompt from the cache, and
+    both run the same steps on every run (seeded text has no near-tie check)."""
+    server = fresh_server
     body = {"prompt": STORY, "n": 4, "max_tokens": 10, "seed": 99, "temperature": 1.0}
     first = [c["text"] for c in complete(server, **body)["choices"]]
     second = [c["text"] for c in complete(server, **body)["choices"]]

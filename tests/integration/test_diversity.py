@@ -4,12 +4,12 @@ best_of, distinct openings and per-branch settings, on each generation route."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections import defaultdict
 from typing import Any
 
 import httpx
 
+from tests.support.paths import DRIFT, Step, assert_same_greedy, completion_steps
 from tests.support.server import RunningServer
 
 STORY = "The old lighthouse keeper climbed the stairs one last time. At the top, he"
@@ -30,11 +30,16 @@ def texts(out: dict[str, Any]) -> list[str]:
     return [c["text"] for c in out["choices"]]
 
 
-def fresh_prompt() -> str:
-    """The story under a heading of its own. Requests that compare their outputs then share
-    the cells of one computation of their prompt (prompt cells computed apart, in batches
-    of other shapes, can round a near tie differently)."""
-    return f"Chapter {uuid.uuid4().int % 100_000}. {STORY}"
+def fresh_prompt(chapter: int) -> str:
+    """The story under a heading of its own (one per test: no other request read it).
+    Fixed text, never random: the greedy text these tests compare is checked for near
+    ties, a property of the prompt (tests/support/paths.py)."""
+    return f"Chapter {chapter}. {STORY}"
+
+
+def greedy_steps(server: RunningServer, **body: object) -> list[list[Step]]:
+    """Each choice's steps of a request asked with `logprobs: 2`."""
+    return [completion_steps(c) for c in complete(server, **body, logprobs=2)["choices"]]
 
 
 def greedy_phrase(server: RunningServer, prompt: str = STORY) -> tuple[str, str]:
@@ -46,17 +51,24 @@ def greedy_phrase(server: RunningServer, prompt: str = STORY) -> tuple[str, str]
 
 
 def test_a_banned_phrase_never_appears_in_any_branch(server: RunningServer) -> None:
-    prompt = fresh_prompt()
-    greedy, phrase = greedy_phrase(server, prompt)
+    prompt = fresh_prompt(11)
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "logprobs": 2}
+    (greedy,) = complete(server, **body)["choices"]
+    phrase = " ".join(greedy["text"].split()[1:3])
     out = complete(server, prompt=prompt, n=8, max_tokens=24, seed=5, banned_strings=[phrase])
     for choice in out["choices"]:
         assert phrase.lower() not in choice["text"].lower()
         assert choice["finish_reason"] in ("length", "stop") and choice["text"].strip()
-    # Greedy decoding, banned from its own phrase, takes another way from where it began.
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "banned_strings": [phrase]}
-    rewound = texts(complete(server, **body))[0]
-    assert phrase.lower() not in rewound.lower() and rewound != greedy
-    assert rewound.startswith(greedy[: greedy.lower().index(phrase.lower())])
+    # Greedy decoding, banned from its own phrase, takes another way from where it began:
+    # up to there, both wrote the same tokens (a near tie aside: tests/support/paths.py).
+    (rewound,) = complete(server, **body, banned_strings=[phrase])["choices"]
+    assert phrase.lower() not in rewound["text"].lower() and rewound["text"] != greedy["text"]
+    start = greedy["text"].lower().index(phrase.lower())
+    offsets = greedy["logprobs"]["text_offset"]
+    before = sum(1 for offset in offsets if offset < start)
+    steps = [completion_steps(c)[:before] for c in (greedy, rewound)]
+    if assert_same_greedy(*steps, at_least=0) == before:
+        assert rewound["text"].startswith(greedy["text"][:start])
 
 
 def test_a_streamed_branch_never_shows_any_of_a_banned_phrase(server: RunningServer) -> None:
@@ -85,7 +97,7 @@ def test_a_streamed_branch_never_shows_any_of_a_banned_phrase(server: RunningSer
 def test_banned_strings_case_sensitive_lets_other_cases_through(server: RunningServer) -> None:
     # A refrain greedy decoding repeats with confidence: the unbanned case must come back
     # word for word, and a near tie elsewhere in the story could round the other way.
-    prompt = f"{fresh_prompt()} saw a light. {REFRAIN} {REFRAIN} {REFRAIN}"
+    prompt = f"{fresh_prompt(12)} saw a light. {REFRAIN} {REFRAIN} {REFRAIN}"
     _, phrase = greedy_phrase(server, prompt)
     body = {"prompt": prompt, "max_tokens": 24, "temperature": 0}
     body["banned_strings"] = [phrase.swapcase()]
@@ -98,7 +110,7 @@ def test_banned_strings_case_sensitive_lets_other_cases_through(server: RunningS
 def test_best_of_returns_the_n_branches_with_the_highest_mean_logprob(
     server: RunningServer,
 ) -> None:
-    body = {"prompt": fresh_prompt(), "max_tokens": 12, "seed": 21, "logprobs": 1}
+    body = {"prompt": fresh_prompt(13), "max_tokens": 12, "seed": 21, "logprobs": 1}
     body["ignore_eos"] = True
     complete(server, prompt=body["prompt"], max_tokens=1)  # both fork it from the cache
     best = complete(server, n=2, best_of=6, **body)
@@ -113,12 +125,14 @@ def test_best_of_returns_the_n_branches_with_the_highest_mean_logprob(
     # Usage counts every generated token, the four branches not returned included.
     assert best["usage"]["completion_tokens"] == 6 * 12
     # The two best of the same six branches. A near tie can send a seeded branch another
-    # way when the prompt's cells sit elsewhere (README, Known limits); then the two
-    # requests did not sample the same branches, and there is nothing to compare.
-    seen = {c["text"] for c in every["choices"]}
-    if set(texts(best)) <= seen:
-        ranked = sorted(every["choices"], key=lambda c: (-mean(c), c["index"]))
-        assert texts(best) == [c["text"] for c in ranked[:2]]
+    # way when the prompt's cells sit elsewhere (README, Known limits), and two means
+    # within the paths' drift may rank either way: a branch both requests sampled alike
+    # is returned only if no other branch of the six beat it by more than that.
+    means = {c["text"]: mean(c) for c in every["choices"]}
+    for choice in best["choices"]:
+        if choice["text"] in means:
+            beaten_by = sorted(means.values(), reverse=True)[2]
+            assert means[choice["text"]] >= beaten_by - DRIFT
 
 
 def test_best_of_is_bounded_and_never_streamed(server: RunningServer) -> None:
@@ -149,16 +163,17 @@ def test_per_branch_temperature_zero_gives_that_branch_the_greedy_text(
     # a batch, which can flip a near tie: the greedy reference is the same row of a batch
     # of the same shape (4 branches that all run to max_tokens; a choices_params entry
     # keeps a greedy request from being decoded as one branch).
-    body = {"prompt": fresh_prompt(), "n": 4, "max_tokens": 16, "ignore_eos": True}
+    prompt = f"{fresh_prompt(14)} saw a light. {REFRAIN} He climbed the"  # sure of what comes
+    body = {"prompt": prompt, "n": 4, "max_tokens": 16, "ignore_eos": True}
     # Both read the prompt from the cache (its last token decoded again alone): the first
     # to read a prompt computes it in a batch of another shape (CI saw a tie flip there).
     complete(server, **{**body, "n": 1, "max_tokens": 1})
-    greedy = texts(complete(server, **body, temperature=0, choices_params=[{"temperature": 0}]))
-    out = texts(
-        complete(server, **body, seed=8, temperature=1.2, choices_params=[{}, {"temperature": 0}])
+    greedy = greedy_steps(server, **body, temperature=0, choices_params=[{"temperature": 0}])
+    out = greedy_steps(
+        server, **body, seed=8, temperature=1.2, choices_params=[{}, {"temperature": 0}]
     )
-    assert out[1] == greedy[1]
-    assert any(text != greedy[1] for i, text in enumerate(out) if i != 1)
+    assert_same_greedy(out[1], greedy[1])
+    assert any(steps != greedy[1] for i, steps in enumerate(out) if i != 1)
 
 
 def test_choices_params_are_validated_like_the_fields(server: RunningServer) -> None:
