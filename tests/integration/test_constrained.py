@@ -142,3 +142,30 @@ def test_bad_constraints_are_400s_that_say_why(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and words in error["message"], error
+
+
+def test_a_json_answer_closes_within_max_tokens(chat_server: RunningServer) -> None:
+    """Issue 37's request: an integer without bounds ran to max_tokens ("age": 4000…)
+    under JSON Schema's own reading; bounded as llama.cpp's converter bounds numbers
+    (docs/constraints.md), every choice closes."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    out = post(
+        chat_server,
+        "/chat/completions",
+        n=3,
+        max_tokens=64,
+        seed=37,
+        messages=[
+            {"role": "user", "content": "Invent a character. Answer in JSON with name and age."}
+        ],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )
+    assert out.status_code == 200, out.text
+    for choice in out.json()["choices"]:
+        assert choice["finish_reason"] == "stop"
+        value = json.loads(choice["message"]["content"])
+        assert set(value) == {"name", "age"} and abs(value["age"]) <= 10**16
