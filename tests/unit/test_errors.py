@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
-from types import SimpleNamespace
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from llama_srb.api.app import create_app
 from llama_srb.api.errors import APIError, api_error, body_for
 from llama_srb.api.finite import non_finite
 from llama_srb.api.input.prompts import Prompt
@@ -23,12 +21,10 @@ from llama_srb.api.render.completions import CompletionAnswer
 from llama_srb.api.render.kobold import KoboldCall
 from llama_srb.api.render.native import NativeCall, NativeOptions
 from llama_srb.api.render.sse import error_event, guarded
-from llama_srb.config import Settings
 from llama_srb.engine.generation import EngineDied, RequestTimedOut, ShuttingDown
 from llama_srb.engine.outputs import ChoiceDelta, RequestOutput, RequestTimes
-from llama_srb.engine.runtime import Runtime
 from llama_srb.sampling.params import ParamError, SamplingParams
-from tests.unit.fake_context import FakeModel, make_engine
+from tests.unit.fake_context import FakeModel
 
 REFUSAL = "the grammar cannot go on: lexer error: too many expressions constructed"
 
@@ -210,22 +206,6 @@ def test_the_first_number_that_is_not_finite_is_found_with_its_path(
     raw: bytes, found: tuple[str, str] | None
 ) -> None:
     assert non_finite(raw) == found
-
-
-@pytest.fixture
-def client() -> Iterator[TestClient]:
-    engine, ctx = make_engine()
-    runtime = Runtime(engine)
-    runtime.start()
-    app = create_app(Settings(max_n=8))
-    loaded: Any = SimpleNamespace(
-        model=FakeModel(), engine=engine, runtime=runtime, n_ctx=ctx.n_ctx
-    )
-    app.state.srb.loaded = loaded
-    try:
-        yield TestClient(app)
-    finally:
-        runtime.stop()
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
