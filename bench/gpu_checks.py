@@ -1,0 +1,154 @@
+"""The GPU run's checks that need no real text (bench/gpu.sh), on a model of random weights:
+what its text says is noise, so each check states a property any model must keep.
+
+    python bench/gpu_checks.py --model MODEL.gguf [--cpu]
+
+1. Offload: the build supports GPU offload and llama.cpp sees a GPU device (with --cpu, the
+   dry run's CPU build: that it sees none, so the server runs every layer on the CPU).
+2. Sampling paths: one request of n=4 through each sampler the server builds (greedy,
+   seeded, top-k/top-p/min-p, typical, penalties, DRY, XTC, mirostat, logprobs), every branch
+   exactly --tokens tokens (ignore_eos) and finished by length.
+3. A grammar: n=4 under `root ::= "yes" | "no"`: every branch's text is one of the two.
+4. The prefix cache: a ~600-token story, then the story with more words: the second
+   request reads most of its prompt from the cache.
+Backend sampling (llama_set_sampler) is not in this tree: reported, not checked.
+Prints one line per check and exits 1 if any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.support.server import RunningServer, run_server
+
+Body = dict[str, Any]
+TIMEOUT = httpx.Timeout(120.0)
+STORY = (
+    "The lighthouse keeper counted the ships that passed each night and wrote their names "
+    "in a book that nobody read, until the winter the harbour froze and a girl walked "
+    "across the ice to ask him what the names meant. "
+)
+SAMPLERS: dict[str, Body] = {
+    "greedy": {"temperature": 0},
+    "seeded default": {"seed": 7},
+    "top-k top-p min-p": {"top_k": 40, "top_p": 0.9, "min_p": 0.05, "temperature": 0.8},
+    "typical": {"typical_p": 0.9},
+    "penalties": {"repeat_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.5},
+    "dry": {"dry_multiplier": 0.8, "dry_base": 1.75, "dry_allowed_length": 2},
+    "xtc": {"xtc_probability": 0.5, "xtc_threshold": 0.1},
+    "mirostat 2": {"mirostat": 2, "mirostat_tau": 5.0, "mirostat_eta": 0.1},
+    "logprobs": {"n_probs": 5},
+}
+
+
+def offload(cpu: bool) -> str:
+    import llama_cpp
+
+    from llama_srb.native import has_gpu_device
+
+    supports, device = bool(llama_cpp.llama_supports_gpu_offload()), bool(has_gpu_device())
+    said = f"supports_gpu_offload={supports}, GPU device={device}"
+    if cpu:  # (an RPC build says it supports offload: only the device tells)
+        assert not device, f"a CPU build should see no GPU: {said}"
+    else:
+        assert supports and device, f"the CUDA build sees no GPU: {said}"
+    return said
+
+
+def sampling_paths(http: httpx.Client, base: str, tokens: int) -> str:
+    for name, params in SAMPLERS.items():
+        body = {"prompt": STORY, "n": 4, "n_predict": tokens, "ignore_eos": True, **params}
+        response = http.post(f"{base}/completion", json=body)
+        assert response.status_code == 200, f"{name}: {response.status_code} {response.text}"
+        results = response.json()
+        assert isinstance(results, list) and len(results) == 4, f"{name}: {results!r:.300}"
+        for result in results:
+            assert result["tokens_predicted"] == tokens, f"{name}: {result!r:.300}"
+            assert result["stop_type"] == "limit", f"{name}: {result!r:.300}"
+            if "n_probs" in params:
+                assert result["completion_probabilities"], f"{name}: no probabilities"
+    return f"{len(SAMPLERS)} sampler settings, n=4 x {tokens} tokens each"
+
+
+def grammar(http: httpx.Client, base: str, _tokens: int) -> str:
+    body = {
+        "prompt": STORY + "Answer:",
+        "n": 4,
+        "max_tokens": 8,
+        "grammar": 'root ::= "yes" | "no"',
+    }
+    response = http.post(f"{base}/v1/completions", json=body)
+    assert response.status_code == 200, f"{response.status_code} {response.text}"
+    texts = [choice["text"] for choice in response.json()["choices"]]
+    assert len(texts) == 4 and set(texts) <= {"yes", "no"}, texts
+    return f"4 branches under a grammar: {texts}"
+
+
+def prefix_cache(http: httpx.Client, base: str, _tokens: int) -> str:
+    story = STORY * 15
+
+    def send(prompt: str) -> Body:
+        body = {"prompt": prompt, "n": 2, "max_tokens": 4, "ignore_eos": True}
+        response = http.post(f"{base}/v1/completions", json=body)
+        assert response.status_code == 200, f"{response.status_code} {response.text}"
+        return dict(response.json()["usage"])
+
+    cold = send(story)
+    warm = send(story + "She asked again the next night.")
+    cached = int(warm["prompt_tokens_details"]["cached_tokens"])
+    assert cached >= 0.9 * cold["prompt_tokens"], (cold, warm)
+    return f"prompt {warm['prompt_tokens']} tokens, {cached} from the cache"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a GGUF file (bench/make_model.py)")
+    parser.add_argument("--cpu", action="store_true", help="the dry run: a CPU build")
+    parser.add_argument("--tokens", type=int, default=16, help="per branch")
+    args = parser.parse_args()
+    failed = 0
+
+    def check(name: str, fn: Callable[[], str]) -> None:
+        nonlocal failed
+        try:
+            print(f"ok    {name}: {fn()}", flush=True)
+        except AssertionError as exc:
+            failed += 1
+            print(f"FAIL  {name}: {exc}", flush=True)
+
+    check("offload", lambda: offload(args.cpu))
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        run_server(Path(tmp), "--model", args.model, "--n-ctx", "8192") as server,
+        httpx.Client(timeout=TIMEOUT) as http,
+    ):
+        checks: dict[str, Callable[[httpx.Client, str, int], str]] = {
+            "sampling paths": sampling_paths,
+            "grammar": grammar,
+            "prefix cache": prefix_cache,
+        }
+        for name, fn in checks.items():
+            check(name, lambda fn=fn: fn(http, server.base_url, args.tokens))  # type: ignore[misc]
+        log_tail(server)
+    print("skip  backend sampling: not in this tree (llama_set_sampler is not used yet)")
+    sys.exit(1 if failed else 0)
+
+
+def log_tail(server: RunningServer) -> None:
+    """The lines of the server's log that say where the layers went."""
+    for line in server.log_path.read_text(errors="replace").splitlines():
+        if "offload" in line.lower() or "CUDA" in line:
+            print(f"      log: {line.strip()[:160]}")
+
+
+if __name__ == "__main__":
+    main()
