@@ -42,7 +42,7 @@ LLAMA_CPP=0.3.36
 SDIST=llama_cpp_python-$LLAMA_CPP
 # What the image lacks, or holds in a version ours may not accept (gpu-machine.md).
 WHEELS="fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv
-annotated-types annotated-doc typing-inspection typing-extensions llguidance diskcache"
+annotated-types annotated-doc typing-inspection typing-extensions llguidance diskcache google-re2"
 
 die() { echo "bench/gpu.sh: $*" >&2; exit 2; }
 

@@ -61,7 +61,7 @@ class BranchStep:
 
     def fork(self, request: Request, row: Row) -> None:
         """The prompt's last row, before its branches sample their first tokens."""
-        if request.params.banned_strings:  # kept for rewinds to a branch's start
+        if request.params.bans_text:  # kept for rewinds to a branch's start
             request.first_row = (row.logits.copy(), row.colmax.copy())
 
     def next(
@@ -108,19 +108,26 @@ class BranchStep:
                 return Drawn(reason=FinishReason.STOP)
             self.drawn += 1
             if token in self._eog_set:
-                return Drawn(reason=FinishReason.STOP)
-            branch.tokens.append(token)
-            if scores is not None:
-                branch.scores.append(scores.entry(token))
-            text = branch.text.push(token, check_stops=len(branch.tokens) > params.min_tokens)
-            if branch.text.banned_at is None:
-                reason = None
-                if branch.text.stopped:
-                    reason = FinishReason.STOP
-                elif len(branch.tokens) >= params.max_tokens:
-                    reason = FinishReason.LENGTH
-                return Drawn(text, reason, newest_has_no_cell=True)
-            rewind = self._rewind(request, branch, ops)
+                # a banned pattern may match only where the text ends (`\bthe\b`)
+                if branch.text.end_banned_at() is None:
+                    return Drawn(reason=FinishReason.STOP)
+                rewind = self._rewind(request, branch, ops, newest_has_cell=True)
+            else:
+                branch.tokens.append(token)
+                if scores is not None:
+                    branch.scores.append(scores.entry(token))
+                final = len(branch.tokens) >= params.max_tokens
+                text = branch.text.push(
+                    token, check_stops=len(branch.tokens) > params.min_tokens, final=final
+                )
+                if branch.text.banned_at is None:
+                    reason = None
+                    if branch.text.stopped:
+                        reason = FinishReason.STOP
+                    elif final:
+                        reason = FinishReason.LENGTH
+                    return Drawn(text, reason, newest_has_no_cell=True)
+                rewind = self._rewind(request, branch, ops)
             if rewind is Rewind.END:
                 return Drawn(reason=FinishReason.STOP)
             if rewind is Rewind.LATER:
@@ -155,15 +162,20 @@ class BranchStep:
         return token
 
     @staticmethod
-    def _rewind(request: Request, branch: Branch, ops: list[KvOp]) -> Rewind:
+    def _rewind(
+        request: Request, branch: Branch, ops: list[KvOp], newest_has_cell: bool = False
+    ) -> Rewind:
         """A banned phrase began in the branch's token k: take the branch back to before
         it, and ban that token at position k. Its KV cells from there go (`ops`), its
-        sampler forgets what followed; its text was held back, so no reader saw any of it."""
+        sampler forgets what followed; its text was held back, so no reader saw any of it.
+        `newest_has_cell`: no token was kept this step (it drew end-of-generation), so
+        every token has its cell and this step's row is for the position after them."""
         assert branch.bans is not None and branch.text is not None
         assert branch.sampler is not None
         k = branch.text.banned_at
         assert k is not None
-        newest = len(branch.tokens) - 1  # sampled this step: it has no cell yet
+        # the newest token without a cell (sampled this step), or one past the last
+        newest = len(branch.tokens) - (0 if newest_has_cell else 1)
         may_go_on = branch.bans.ban(k, branch.tokens[k])
         branch.text.rewind(k)
         del branch.tokens[k:], branch.scores[k:]

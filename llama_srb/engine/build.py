@@ -20,6 +20,7 @@ from llama_srb.engine.spec import RequestSpec
 from llama_srb.native import Model
 from llama_srb.sampling.banned import Bans
 from llama_srb.sampling.branch import build_samplers
+from llama_srb.sampling.patterns import compiled
 from llama_srb.sampling.text import TextStream
 
 
@@ -52,6 +53,11 @@ def build(model: Model, spec: RequestSpec, now: float | None = None) -> Submissi
     base_seed = params.seed if params.seed is not None else random.getrandbits(32)
     seeds = [base_seed + index for index in range(spec.n_branches)]
     samplers = build_samplers(model, params, seeds)
+    patterns = (
+        compiled(params.banned_regex, params.banned_strings_case_sensitive)
+        if params.banned_regex
+        else None
+    )
     branches = [
         Branch(
             index=index,
@@ -61,8 +67,9 @@ def build(model: Model, spec: RequestSpec, now: float | None = None) -> Submissi
                 params.stop,
                 params.banned_strings,
                 params.banned_strings_case_sensitive,
+                patterns,
             ),
-            bans=Bans() if params.banned_strings else None,
+            bans=Bans() if params.bans_text else None,
         )
         for index, sampler in enumerate(samplers)
     ]

@@ -12,6 +12,7 @@ from typing import Any
 
 from llama_srb.sampling.constraint import Constraint
 from llama_srb.sampling.errors import ParamError
+from llama_srb.sampling.patterns import MAX_BANNED_REGEX, MAX_REGEX_CHARS, check_patterns
 
 __all__ = ["ParamError", "SamplingParams"]
 
@@ -97,7 +98,8 @@ class SamplingParams:
     # Choosing between branches (sampling/banned.py, sampling/branch.py): phrases no branch
     # may produce, first tokens all different, and per-branch sampler overrides.
     banned_strings: tuple[str, ...] = ()
-    banned_strings_case_sensitive: bool = False
+    banned_strings_case_sensitive: bool = False  # for banned_regex too
+    banned_regex: tuple[str, ...] = ()  # RE2 patterns (sampling/patterns.py)
     distinct_openings: bool = False
     choices_params: tuple[Overrides, ...] = ()
     # llama.cpp's `samplers`: the chain's order by sampler name (sampling/chain.py); ()
@@ -150,6 +152,9 @@ class SamplingParams:
             MAX_DRY_BREAKER_CHARS,
         )
         _check_strings("banned_strings", self.banned_strings, MAX_BANNED_STRINGS, MAX_BANNED_CHARS)
+        _check_strings("banned_regex", self.banned_regex, MAX_BANNED_REGEX, MAX_REGEX_CHARS)
+        if self.banned_regex:  # compiled once per list (cached), so branches re-check free
+            check_patterns("banned_regex", self.banned_regex, self.banned_strings_case_sensitive)
         for i in range(len(self.choices_params)):
             self.for_branch(i)  # each entry is checked as a request's own fields are
 
@@ -183,6 +188,11 @@ class SamplingParams:
                 raise ParamError(
                     f"choices_params[{i}].{exc.param}", f"choices_params[{i}]: {exc}"
                 ) from None
+
+    @property
+    def bans_text(self) -> bool:
+        """Branches may be taken back: banned phrases or patterns."""
+        return bool(self.banned_strings or self.banned_regex)
 
     @property
     def greedy(self) -> bool:

@@ -62,6 +62,12 @@ const GROUPS = [
         key: "banned_strings", label: "banned phrases, one per line",
         multiline: true, value: "",
       },
+      {
+        // RE2 patterns (docs/api.md, Banned patterns), sent as typed: a pattern has its own
+        // escapes (\b, \w), so "\n" is not turned into a newline here.
+        key: "banned_regex", label: "banned patterns (RE2), one per line",
+        multiline: true, raw: true, value: "",
+      },
     ],
   },
   {
@@ -151,7 +157,7 @@ export function writeForm(form, values) {
     if (!input) continue;
     const value = field.key === "spread" ? spreadOf(values.choices_params) : values[field.key];
     if (field.checkbox) input.checked = Boolean(value);
-    else if (field.multiline) input.value = (value ?? []).map(escape).join("\n");
+    else if (field.multiline) input.value = (value ?? []).map(field.raw ? String : escape).join("\n");
     else input.value = value ?? (field.zeroIsOff ? "0" : "");
     clearError(form, field.key);
   }
@@ -175,7 +181,7 @@ export function requestFields(values) {
       if (raw) body[field.key] = true;
     } else if (field.multiline) {
       // Not trimmed: a stop string may start or end with a space.
-      const lines = raw.split("\n").filter((s) => s !== "").map(unescape);
+      const lines = raw.split("\n").filter((s) => s !== "").map(field.raw ? String : unescape);
       if (lines.length) body[field.key] = lines;
     } else if (raw.trim() !== "" && !(field.zeroIsOff && Number(raw) === 0)) {
       body[field.key] = Number(raw);

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import re2
 
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import PROMPT, card_text, expect, set_settings, wait_finished
@@ -36,12 +37,14 @@ def test_choosing_controls_reach_the_request_and_are_kept(
     set_settings(page, n=3, max_tokens=8, seed=5, temperature=0.8, spread=0.4, best_of=4)
     page.get_by_test_id("setting-distinct_openings").check()
     page.get_by_test_id("setting-banned_strings").fill("the sea\n Suddenly")
+    page.get_by_test_id("setting-banned_regex").fill(r"\bwav\w*" + "\n" + r"\bthe \w+")
     page.get_by_test_id("story").fill(PROMPT)
     page.get_by_test_id("generate").click()
     cards = wait_finished(page, 3)
 
     (body,) = bodies
     assert body["banned_strings"] == ["the sea", " Suddenly"]
+    assert body["banned_regex"] == [r"\bwav\w*", r"\bthe \w+"]  # as typed: no unescaping
     assert body["best_of"] == 4 and body["distinct_openings"] is True
     # The spread: 4 branches from 0.8 - 0.4 to 0.8 + 0.4, evenly.
     temps = [entry["temperature"] for entry in body["choices_params"]]
@@ -50,12 +53,14 @@ def test_choosing_controls_reach_the_request_and_are_kept(
     assert "spread" not in body
     for card in cards:
         assert "the sea" not in card["text"].lower() and "suddenly" not in card["text"].lower()
+        assert not re2.search(r"(?i)\bwav\w*|\bthe \w+", card["text"])
     expect(card_text(page, 0)).not_to_have_value("")
 
     # Kept across a reload (local storage), and sent again as they were.
     page.reload()
     expect(page.get_by_test_id("setting-distinct_openings")).to_be_checked()
     expect(page.get_by_test_id("setting-banned_strings")).to_have_value("the sea\n Suddenly")
+    expect(page.get_by_test_id("setting-banned_regex")).to_have_value("\\bwav\\w*\n\\bthe \\w+")
     expect(page.get_by_test_id("setting-spread")).to_have_value("0.4")
     expect(page.get_by_test_id("setting-best_of")).to_have_value("4")
 
@@ -63,9 +68,11 @@ def test_choosing_controls_reach_the_request_and_are_kept(
     page.get_by_test_id("setting-distinct_openings").uncheck()
     set_settings(page, spread=0, best_of="")
     page.get_by_test_id("setting-banned_strings").fill("")
+    page.get_by_test_id("setting-banned_regex").fill("")
     page.get_by_test_id("story").fill(PROMPT)
     page.get_by_test_id("generate").click()
     wait_finished(page, 3)
     last = bodies[-1]
     assert last["stream"] is True
-    assert not {"best_of", "distinct_openings", "banned_strings", "choices_params"} & set(last)
+    off = {"best_of", "distinct_openings", "banned_strings", "banned_regex", "choices_params"}
+    assert not off & set(last)

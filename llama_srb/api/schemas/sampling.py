@@ -122,7 +122,13 @@ class SamplingFields(BaseModel):
         " to the token where it began, which is banned there, and samples again",
     )
     banned_strings_case_sensitive: bool | None = Field(
-        None, description="match banned_strings with case (default: without)"
+        None, description="match banned_strings and banned_regex with case (default: without)"
+    )
+    banned_regex: list[str] | None = Field(
+        None,
+        description="patterns (RE2 syntax) no choice may match, with the guarantees of"
+        " banned_strings: a branch that writes a match is taken back to the token where it"
+        " began, which is banned there; a stream never shows any part of a match",
     )
     distinct_openings: bool | None = Field(
         None, description="every choice of a prompt starts with a different first token"
@@ -168,6 +174,8 @@ class SamplingFields(BaseModel):
             values["dry_sequence_breakers"] = tuple(self.dry_sequence_breakers)
         if self.banned_strings is not None:
             values["banned_strings"] = tuple(self.banned_strings)
+        if self.banned_regex is not None:
+            values["banned_regex"] = tuple(self.banned_regex)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)
 
