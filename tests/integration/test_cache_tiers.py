@@ -281,7 +281,8 @@ def test_a_file_damaged_under_a_running_server_is_read_as_a_prompt(
         assert server.metric('llama_srb_cache_tier_entries{tier="disk"}') == 1
         path.write_bytes(content)
         follow_up = continuation(server, story, first)
-        body = {"prompt": new_story(server), "n_predict": 64, "ignore_eos": True, "stream": True}
+        body = {"prompt": new_story(server, title="Marek"), "n_predict": 64, "ignore_eos": True}
+        body["stream"] = True
         with httpx.stream("POST", f"{server.base_url}/completion", json=body, timeout=300) as r:
             assert r.status_code == 200
             lines = (line for line in r.iter_lines() if line)

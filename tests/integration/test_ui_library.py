@@ -20,6 +20,7 @@ import pytest
 
 from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
+    GENERATION_TIMEOUT_MS,
     PROMPT,
     card_text,
     cards,
@@ -191,7 +192,10 @@ def test_a_real_clash_between_two_devices_is_asked_and_both_are_kept(
     saved(a)
     b.context.set_offline(False)
     dialog = b.get_by_role("dialog")
-    expect(dialog).to_contain_text("This story changed elsewhere too", timeout=30_000)
+    # The page retries at most 15 s apart (sync.js), sooner when it is online again.
+    expect(dialog).to_contain_text(
+        "This story changed elsewhere too", timeout=GENERATION_TIMEOUT_MS
+    )
     expect(dialog).to_contain_text("#1: its continuations")
     b.get_by_test_id("ask-both").click()
     saved(b)
@@ -339,12 +343,13 @@ def test_a_long_prompt_shows_how_far_it_is_read(
     set_settings(page, n=4, max_tokens=8, seed=9)
     page.get_by_test_id("generate").click()
     reading = page.get_by_test_id("reading-text")
+    # Reading 4,000-odd tokens takes tens of seconds here, minutes on a busy machine.
     expect(reading).to_contain_text(
-        re.compile(r"Reading the story: [\d,]+ of [\d,]+ tokens"), timeout=60_000
+        re.compile(r"Reading the story: [\d,]+ of [\d,]+ tokens"), timeout=300_000
     )
     page.evaluate("window.scrollTo(0, 0)")
     screenshot(page, "progress.png", tmp_path)
-    wait_finished(page, 4)
+    wait_finished(page, 4, timeout=600_000)
     expect(page.get_by_test_id("reading")).to_be_hidden()
     # The story box does not push the cards away: the first one is on screen.
     top = cards(page).nth(0).bounding_box()["y"]
