@@ -74,6 +74,7 @@ def fuzz(operation: Any, mode: GenerationMode, base_url: str, examples: int) -> 
 # schemathesis' own pytest plugin needs the schema at collection time (and lags pytest
 # releases); driving its strategies with hypothesis directly needs neither.
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+@pytest.mark.timeout(1800)  # every route's examples: minutes on a busy machine, not a hang
 def test_no_request_gets_a_5xx(fuzz_server: RunningServer, mode: GenerationMode) -> None:
     schema = schemathesis.openapi.from_url(f"{fuzz_server.base_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
