@@ -9,7 +9,6 @@ extends the saved path token for token: text would be tokenized again at the sea
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -77,18 +76,6 @@ def same_greedy(a: dict[str, Any], b: dict[str, Any]) -> None:
 def continuation(server: RunningServer, story: list[int], first: dict[str, Any]) -> list[int]:
     """The story, what the model wrote, and a sentence more: it extends the saved path."""
     return story + first["tokens"] + tokenize(server, MORE, add_special=False)
-
-
-def published(server: RunningServer, name: str, within: float = 60) -> float:
-    """A metric once the engine's first snapshot has it (a scrape right after the start
-    may come before it; on a busy machine, seconds before)."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return server.metric(name)
-        except KeyError:
-            assert time.monotonic() < deadline, f"{name} never published"
-            time.sleep(0.1)
 
 
 def tier_hits(server: RunningServer, tier: str) -> float:
@@ -291,7 +278,7 @@ def test_a_file_damaged_under_a_running_server_is_read_as_a_prompt(
     path = saved_file(cache)
     content, reason = DAMAGED[damage]
     with run_server(tmp_path, "--model", SMOLLM2, "--cache-dir", str(cache)) as server:
-        assert published(server, 'llama_srb_cache_tier_entries{tier="disk"}') == 1
+        assert server.metric('llama_srb_cache_tier_entries{tier="disk"}') == 1
         path.write_bytes(content)
         follow_up = continuation(server, story, first)
         body = {"prompt": new_story(server, title="Marek"), "n_predict": 64, "ignore_eos": True}

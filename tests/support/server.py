@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cached_property
@@ -24,13 +25,20 @@ class RunningServer(HttpProcess):
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def metric(self, name: str) -> float:
-        """One sample of the Prometheus /metrics endpoint."""
-        text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(f"{name} not in /metrics")
+    def metric(self, name: str, within: float = 60) -> float:
+        """One sample of the Prometheus /metrics endpoint. The engine's samples come from
+        the snapshot it publishes after a step: a scrape right after the start may come
+        before the first (seconds before, on a busy machine), so a missing one is waited
+        for."""
+        deadline = time.monotonic() + within
+        while True:
+            text = httpx.get(f"{self.base_url}/metrics", timeout=10).text
+            for line in text.splitlines():
+                if line.startswith(name + " ") or line.startswith(name + "{"):
+                    return float(line.rsplit(" ", 1)[1])
+            if time.monotonic() > deadline:
+                raise KeyError(f"{name} not in /metrics")
+            time.sleep(0.1)
 
     def metrics(self) -> dict[str, float]:
         """Every sample of one /metrics scrape, keyed by name with its labels as printed."""
