@@ -33,8 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_batching import fresh, make_prompt
-from bench.bench_vs_llama import completion_cases, load, run_cases, sillytavern_cases
-from bench.llama_tools import TOOLS, Shape, batched_bench
+from bench.bench_vs_llama import Case, Cell, completion_cases, load, run_cases, sillytavern_cases
+from bench.llama_tools import TOOLS, DecodeOnly, Shape, batched_bench
 from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
 from llama_srb.loader import model_options
@@ -43,6 +43,37 @@ from tests.support.server import run_server
 
 DECODE_BOUND = 1.10  # issue 24: one request n=64 x 32 tokens against llama-batched-bench
 ST_BOUND = 1.3  # issue 24: SillyTavern's preset body against the same with top_k 40
+
+
+def measured_prompt(model_name: str, tokens: int) -> tuple[Path, str, int]:
+    """The model's file, a prompt of about `tokens` tokens, and its length under a fresh tag."""
+    settings = Settings(model=model_name)
+    path = settings.resolved_model_path()
+    model = Model(path, model_options(settings))
+    prompt = make_prompt(model, tokens)
+    prompt_len = len(model.tokenize(fresh(prompt)))
+    model.close()
+    return path, prompt, prompt_len
+
+
+def print_decode_table(cases: list[Case], ours: list[Cell], floor: dict[int, DecodeOnly]) -> None:
+    """One row per n: ours against llama-batched-bench's decode alone."""
+    print(
+        "| n | llama-srb, one request | llama-batched-bench: prompt + steps = decode only"
+        " | ratio | ours: llama_decode | host ms per step | per branch"
+        " | wall − decode ms per step |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for case, cell in zip(cases, ours, strict=True):
+        assert cell.clock is not None
+        decode = floor[case.n]
+        host, branch, outside = cell.host_ms(case.n)
+        print(
+            f"| {case.n} | {cell.seconds:.2f} s | {decode.prompt:.2f} + {decode.steps:.2f}"
+            f" = {decode.total:.2f} s | **{cell.seconds / decode.total:.2f}×**"
+            f" | {cell.clock.decode_seconds:.2f} s"
+            f" | {host:.1f} | {branch:.2f} | {outside:.1f} |"
+        )
 
 
 def main() -> None:
@@ -59,11 +90,7 @@ def main() -> None:
     ns = [int(x) for x in args.ns.split(",")]
     started_load = load()
 
-    settings = Settings(model=args.model)
-    model = Model(settings.resolved_model_path(), model_options(settings))
-    prompt = make_prompt(model, args.prompt_tokens)
-    prompt_len = len(model.tokenize(fresh(prompt)))
-    model.close()
+    path, prompt, prompt_len = measured_prompt(args.model, args.prompt_tokens)
     cases = completion_cases(prompt, ns, args.new_tokens, args.repeat)
     st_cases = sillytavern_cases(prompt, args.st_n, args.new_tokens, args.repeat)
 
@@ -77,7 +104,6 @@ def main() -> None:
         shape = Shape(n_ctx=int(server.metric("llama_srb_kv_cells_total")))
         for r in range(args.repeat):  # in turn, so that the machine's drift meets both
             got = run_cases(server.base_url, [c.nth(r) for c in cases + st_cases], server)
-            path = settings.resolved_model_path()
             rounds.append(
                 (got, batched_bench(args.llama_tools, path, shape, prompt_len, args.new_tokens, ns))
             )
@@ -92,23 +118,8 @@ def main() -> None:
         f" ignore_eos; best of {args.repeat}; {started_load} at the start, {load()} at the end"
     )
     print(f"llama-batched-bench: -pps {' '.join(shape.args())}\n")
-    print(
-        "| n | llama-srb, one request | llama-batched-bench: prompt + steps = decode only"
-        " | ratio | ours: llama_decode | host ms per step | per branch"
-        " | wall − decode ms per step |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     ours, st = cells[: len(cases)], cells[len(cases) :]
-    for case, cell in zip(cases, ours, strict=True):
-        assert cell.clock is not None
-        decode = floor[case.n]
-        host, branch, outside = cell.host_ms(case.n)
-        print(
-            f"| {case.n} | {cell.seconds:.2f} s | {decode.prompt:.2f} + {decode.steps:.2f}"
-            f" = {decode.total:.2f} s | **{cell.seconds / decode.total:.2f}×**"
-            f" | {cell.clock.decode_seconds:.2f} s"
-            f" | {host:.1f} | {branch:.2f} | {outside:.1f} |"
-        )
+    print_decode_table(cases, ours, floor)
     print("\n| body (ours) | wall | host ms per step | per branch | wall − decode ms per step |")
     print("|---|---:|---:|---:|---:|")
     for case, cell in zip(st_cases, st, strict=True):

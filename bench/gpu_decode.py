@@ -22,12 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_batching import fresh, make_prompt
+from bench.bench_decode_only import measured_prompt, print_decode_table
 from bench.bench_vs_llama import completion_cases, load, run_cases
 from bench.llama_tools import Shape, batched_bench
-from llama_srb.config import Settings
-from llama_srb.loader import model_options
-from llama_srb.native import Model
 from tests.support.server import run_server
 
 
@@ -43,11 +40,7 @@ def main() -> None:
     ns = [int(x) for x in args.ns.split(",")]
     started_load = load()
 
-    settings = Settings(model=args.model)
-    model = Model(settings.resolved_model_path(), model_options(settings))
-    prompt = make_prompt(model, args.prompt_tokens)
-    prompt_len = len(model.tokenize(fresh(prompt)))
-    model.close()
+    path, prompt, prompt_len = measured_prompt(args.model, args.prompt_tokens)
     cases = completion_cases(prompt, ns, args.new_tokens, 1)
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -56,31 +49,14 @@ def main() -> None:
         shape = Shape(n_ctx=int(server.metric("llama_srb_kv_cells_total")))
         ours = run_cases(server.base_url, [c.nth(0) for c in cases], server)
     # After ours has stopped: the two never share the GPU's memory.
-    floor = batched_bench(
-        args.llama_tools, settings.resolved_model_path(), shape, prompt_len, args.new_tokens, ns
-    )
+    floor = batched_bench(args.llama_tools, path, shape, prompt_len, args.new_tokens, ns)
 
     print(
         f"\n{Path(args.model).name}: prompt {prompt_len} tokens, {args.new_tokens} new tokens"
         f" per branch, ignore_eos; {started_load} at the start, {load()} at the end"
     )
     print(f"llama-batched-bench: -pps {' '.join(shape.args())}\n")
-    print(
-        "| n | llama-srb, one request | llama-batched-bench: prompt + steps = decode only"
-        " | ratio | ours: llama_decode | host ms per step | per branch"
-        " | wall − decode ms per step |"
-    )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for case, cell in zip(cases, ours, strict=True):
-        assert cell.clock is not None
-        decode = floor[case.n]
-        host, branch, outside = cell.host_ms(case.n)
-        print(
-            f"| {case.n} | {cell.seconds:.2f} s | {decode.prompt:.2f} + {decode.steps:.2f}"
-            f" = {decode.total:.2f} s | **{cell.seconds / decode.total:.2f}×**"
-            f" | {cell.clock.decode_seconds:.2f} s"
-            f" | {host:.1f} | {branch:.2f} | {outside:.1f} |"
-        )
+    print_decode_table(cases, ours, floor)
     command = ["bench/gpu_decode.py", *map(shlex.quote, sys.argv[1:])]
     print(f"\nreproduce: python {' '.join(command)}")
 

@@ -2,6 +2,7 @@
 (bench/gpu.sh): no weights are downloaded, and the text it writes is noise.
 
     python bench/make_model.py OUT.gguf [--shape llama-3.1-8b|tiny] [--seed 0]
+    python bench/make_model.py OUT.gguf [--shape ...] [--seed ...] --check [--file-type T]
 
 Writes F16 matrices (F32 norms) in llama.cpp's `llama` architecture; bench/gpu.sh then
 quantizes the file to Q4_K_M with llama-quantize built from the same llama.cpp source.
@@ -12,12 +13,20 @@ begin/end ids and chat template), with the `llama-bpe` pre-tokenizer. So prompts
 to real pieces, every sampled token detokenizes to text, and a step's logits are 128,256
 wide, as Llama-3.1-8B's are. Both shapes share that vocabulary. Needs numpy and `gguf`
 (llama.cpp's gguf-py, on PYTHONPATH).
+
+Each file carries its recipe in the key `llama_srb.recipe`: a digest of this script, the
+shape and the seed (llama-quantize copies the key into the quantized file). `--check`
+writes nothing: it exits 0 when OUT.gguf exists and holds this recipe (and, with
+--file-type, e.g. MOSTLY_Q4_K_M, that file type), else 1, so that bench/gpu.sh reuses a
+model already made instead of making it again.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import string
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +53,7 @@ SHAPES = {
 N_VOCAB = 128256
 N_NORMAL = 128000  # ordinary tokens; Llama 3's special ones follow
 BOS, EOS, EOT = 128000, 128001, 128009
+RECIPE_KEY = "llama_srb.recipe"
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
     "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
@@ -107,6 +117,86 @@ def vocabulary() -> tuple[list[str], list[int], list[str]]:
     return tokens + special_tokens(), types, merges
 
 
+def recipe(name: str, seed: int) -> str:
+    """What makes the file: this script's text, the shape and the seed, as a short digest."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(f"\0{name}\0{seed}".encode())
+    return digest.hexdigest()[:16]
+
+
+SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+STRING, ARRAY, UINT32 = 8, 9, 4
+
+
+def read_keys(path: Path, wanted: set[str]) -> dict[str, object]:
+    """The string and u32 values of WANTED keys in a GGUF file's header.
+
+    Reads the header up to the last of them, skipping other values undecoded: well under
+    a second, where gguf's GGUFReader, which decodes every token and merge, takes seconds.
+    """
+    found: dict[str, object] = {}
+    with path.open("rb") as f:
+
+        def num(size: int) -> int:
+            data = f.read(size)
+            if len(data) != size:
+                raise EOFError("the file ends inside its header")
+            return int.from_bytes(data, "little")
+
+        def text() -> str:
+            size = num(8)
+            data = f.read(size)
+            if len(data) != size:
+                raise EOFError("the file ends inside its header")
+            return data.decode("utf-8")
+
+        if f.read(4) != b"GGUF":
+            raise ValueError("not a GGUF file")
+        num(4)  # version
+        num(8)  # tensors
+        for _ in range(num(8)):
+            if wanted <= found.keys():
+                break
+            key, kind = text(), num(4)
+            if kind == STRING:
+                value: object = text()
+            elif kind == UINT32:
+                value = num(4)
+            elif kind == ARRAY:
+                item, count = num(4), num(8)
+                if item == STRING:
+                    for _ in range(count):
+                        f.seek(num(8), 1)
+                else:
+                    f.seek(count * SCALAR_SIZES[item], 1)
+                continue
+            else:
+                f.seek(SCALAR_SIZES[kind], 1)
+                continue
+            if key in wanted:
+                found[key] = value
+    return found
+
+
+def check(path: Path, name: str, seed: int, file_type: str | None) -> str | None:
+    """Why PATH is not this recipe's model (of FILE_TYPE, when given), or None when it is."""
+    if not path.is_file():
+        return "no such file"
+    try:
+        held = read_keys(path, {RECIPE_KEY, "general.file_type"})
+    except (OSError, ValueError, KeyError, EOFError) as e:  # cut short, or no GGUF at all
+        return f"unreadable: {type(e).__name__}: {e}"
+    want = recipe(name, seed)
+    if held.get(RECIPE_KEY) != want:
+        return f"recipe {held.get(RECIPE_KEY)}, not {want}"
+    if file_type is not None:
+        import gguf
+
+        if held.get("general.file_type") != gguf.LlamaFileType[file_type]:
+            return f"file type {held.get('general.file_type')}, not {file_type}"
+    return None
+
+
 def tensor_shapes(shape: Shape) -> dict[str, tuple[int, ...]]:
     """llama.cpp's tensor names with numpy shapes (rows, columns): ggml's ne reversed."""
     head = shape.n_embd // shape.n_head
@@ -133,6 +223,7 @@ def write(path: Path, name: str, shape: Shape, seed: int) -> None:
 
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name(f"random {name} (llama-srb bench)")
+    writer.add_string(RECIPE_KEY, recipe(name, seed))
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_context_length(shape.n_ctx_train)
     writer.add_embedding_length(shape.n_embd)
@@ -182,9 +273,18 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--check", action="store_true", help="exit 0 if OUT is this recipe's model, else 1"
+    )
+    parser.add_argument("--file-type", help="with --check: the file type too (MOSTLY_Q4_K_M)")
     args = parser.parse_args()
     started = time.monotonic()
     shape = SHAPES[args.shape]
+    if args.check:
+        why = check(args.out, args.shape, args.seed, args.file_type)
+        kind = f"{args.shape}, seed {args.seed}" + (f", {args.file_type}" if args.file_type else "")
+        print(f"{args.out}: " + (f"the model of {kind}" if why is None else f"not {kind}: {why}"))
+        sys.exit(why is not None)
     write(args.out, args.shape, shape, args.seed)
     size = args.out.stat().st_size / 2**30
     print(f"{args.out}: {args.shape} {shape}, {N_VOCAB} tokens, F16, {size:.2f} GiB")

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from llama_srb.bundled_model import BUNDLED, bundled_model_path
 from llama_srb.bundled_model import DEFAULT as DEFAULT_MODEL
+from llama_srb.kv_types import KvType, is_quantized
 
 MIN_AUTO_N_CTX = 4096  # as llama.cpp's --fit, never chosen lower on its own
 MEMORY_MARGIN = 1 << 30  # left to compute buffers, the OS and everything else
@@ -203,6 +204,16 @@ class Settings(BaseSettings):
         description="repack CPU weights for AMX/AVX-512 kernels (crashes where AMX is not enabled)",
     )
     flash_attn: FlashAttn = Field(FlashAttn.auto, description="flash attention")
+    cache_type_k: KvType = Field(
+        KvType.f16,
+        description="type of the KV cache's keys, as llama.cpp names it (q8_0 halves the"
+        " cache's memory; a disk tier file of other types is never restored)",
+    )
+    cache_type_v: KvType = Field(
+        KvType.f16,
+        description="type of the KV cache's values, as --cache-type-k (a quantized one needs"
+        " flash attention: --flash-attn auto turns it on)",
+    )
     api_key: list[str] | None = Field(
         None,
         description="require `Authorization: Bearer <key>` on /v1/* routes; `name: key` names"
@@ -425,6 +436,18 @@ class Settings(BaseSettings):
             raise ValueError(
                 "max_sequences + reserve_sequences + cache_paths must be at most 256"
                 " (llama.cpp's limit)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_v_has_flash_attention(self) -> Settings:
+        # llama.cpp computes attention over a quantized V only in its flash-attention
+        # kernels; with it off, the context would fail to start with a line in its log.
+        if is_quantized(self.cache_type_v) and self.flash_attn is FlashAttn.off:
+            raise ValueError(
+                f"cache_type_v {self.cache_type_v.value} is quantized, and llama.cpp reads a"
+                " quantized V cache only with flash attention: leave flash_attn at auto (it"
+                " is then on) or set it on, or keep cache_type_v at f16, bf16 or f32"
             )
         return self
 

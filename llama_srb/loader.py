@@ -2,6 +2,8 @@
 
 The composition root of everything below the API: it alone reads Settings and builds the
 native objects, the engine and its thread, so `engine` never depends on configuration.
+The API gets their face only (`load_engine` → served.py's `Served`): the engine and the
+llama.cpp context stay here.
 """
 
 from __future__ import annotations
@@ -22,16 +24,22 @@ from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.tiers import DiskTier, TierStore, file_sha256
+from llama_srb.engine.watch import Watchdog
+from llama_srb.kv_types import DEFAULT as DEFAULT_KV_TYPE
+from llama_srb.kv_types import GGML_TYPE, KvType, is_quantized, label
 from llama_srb.native import (
     Context,
     ContextOptions,
     Model,
     ModelOptions,
     NativeError,
+    ggml_block_size,
+    ggml_row_bytes,
     has_gpu_device,
 )
 from llama_srb.rpc import add_rpc_servers
 from llama_srb.sampling.constraint import constraints_for
+from llama_srb.served import Served
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,9 @@ _FLASH = {
 
 
 @dataclass
-class LoadedEngine:
+class _Loaded:
+    """What the loader made, kept here: the API sees its face (`served`)."""
+
     model: Model
     context: Context
     engine: Engine
@@ -64,9 +74,16 @@ class LoadedEngine:
     # constrained request does not wait for it; it reads the model, so close() waits.
     warm_constraints: threading.Thread | None = None
 
-    @property
-    def n_ctx(self) -> int:
-        return self.context.n_ctx
+    def served(self, stuck_after: float) -> Served:
+        engine = self.engine
+        return Served(
+            model=self.model,
+            n_ctx=self.context.n_ctx,
+            runtime=self.runtime,
+            snapshot=lambda: engine.snapshot,
+            watchdog=Watchdog(engine.watch, stuck_after),
+            close=self.close,
+        )
 
     def close(self) -> bool:
         """Stop the engine thread and free the native objects; False if the thread is stuck
@@ -131,15 +148,8 @@ def tier_store(settings: Settings, model: Model, path: Path) -> TierStore | None
         return None
     disk = None
     if settings.cache_disk > 0:
-        folder = settings.cache_folder()
-        sha = known_sha256(path) or file_sha256(path, folder / "model-sha256")
-        fingerprint: dict[str, object] = {
-            "model_sha256": sha,
-            "llama_cpp": C.__version__,
-            "kv_types": "f16/f16",
-            "n_swa": model.n_swa,
-        }
-        disk = DiskTier(folder / sha[:16], fingerprint, settings.cache_disk << 20)
+        sha = known_sha256(path) or file_sha256(path, settings.cache_folder() / "model-sha256")
+        disk = disk_tier(settings, sha, model.n_swa)
     ram = settings.cache_ram_bytes(available_memory())
     tiers = TierStore(ram, disk, sliding_window=model.n_swa > 0)
     log.info(
@@ -148,6 +158,25 @@ def tier_store(settings: Settings, model: Model, path: Path) -> TierStore | None
         f"{settings.cache_disk} MiB in {disk.folder}" if disk and disk.enabled else "off",
     )
     return tiers
+
+
+def disk_tier(settings: Settings, model_sha256: str, n_swa: int) -> DiskTier:
+    """The disk tier of one model file and one pair of KV types. Each pair gets a folder of
+    its own (f16/f16 keeps the model's plain one, as before the types could be chosen): a
+    server started with other types then neither restores another's files nor removes
+    them as foreign, so switching back finds the stories still there. The header names the
+    types too, so a file moved between folders is refused all the same."""
+    types = (settings.cache_type_k, settings.cache_type_v)
+    name = model_sha256[:16]
+    if types != (DEFAULT_KV_TYPE, DEFAULT_KV_TYPE):
+        name += f"-{types[0].value}-{types[1].value}"
+    fingerprint: dict[str, object] = {
+        "model_sha256": model_sha256,
+        "llama_cpp": C.__version__,
+        "kv_types": label(*types),
+        "n_swa": n_swa,
+    }
+    return DiskTier(settings.cache_folder() / name, fingerprint, settings.cache_disk << 20)
 
 
 def share_rules(settings: Settings, n_ctx: int) -> ShareRules:
@@ -166,8 +195,19 @@ def context_options(settings: Settings, n_ctx: int | None = None) -> ContextOpti
         n_seq_max=kv_budget(settings, n_ctx).n_seq,
         n_batch=settings.n_batch,
         threads=settings.threads,
-        flash_attn=_FLASH[settings.flash_attn],
+        flash_attn=_FLASH[flash_attn(settings)],
+        type_k=GGML_TYPE[settings.cache_type_k],
+        type_v=GGML_TYPE[settings.cache_type_v],
     )
+
+
+def flash_attn(settings: Settings) -> FlashAttn:
+    """--flash-attn, on where a quantized V cache needs it (Settings refuses it off). With
+    auto llama.cpp would turn it on too, but says so only below the log level we pass on:
+    deciding it here keeps what runs visible and does not rest on that."""
+    if settings.flash_attn is FlashAttn.auto and is_quantized(settings.cache_type_v):
+        return FlashAttn.on
+    return settings.flash_attn
 
 
 # -- the context size: --n-ctx, else the model's training context if memory allows --------
@@ -188,8 +228,8 @@ def available_memory() -> int | None:
         return None
 
 
-def kv_bytes_per_cell(model: Model) -> int:
-    """Bytes one KV cell takes over all layers: K and V in f16 (llama.cpp's default)."""
+def head_lengths(model: Model) -> tuple[int, int]:
+    """Values per head of a key and of a value."""
     arch = model.metadata("general.architecture") or ""
     head_dim = C.llama_model_n_embd(model.ptr) // max(1, C.llama_model_n_head(model.ptr))
 
@@ -197,17 +237,49 @@ def kv_bytes_per_cell(model: Model) -> int:
         value = model.metadata(f"{arch}.attention.{key}")
         return int(value) if value and value.isdigit() else head_dim
 
-    n_layer = C.llama_model_n_layer(model.ptr)
+    return length("key_length"), length("value_length")
+
+
+def kv_bytes_per_cell(
+    model: Model, type_k: KvType = DEFAULT_KV_TYPE, type_v: KvType = DEFAULT_KV_TYPE
+) -> int:
+    """Bytes one KV cell takes over all layers: a K row and a V row of every KV head, in
+    the cache's types (ggml's own sizes, a quantized type's scales included)."""
+    k_len, v_len = head_lengths(model)
     n_head_kv = max(1, C.llama_model_n_head_kv(model.ptr))
-    return n_layer * n_head_kv * (length("key_length") + length("value_length")) * 2
+    row = ggml_row_bytes(GGML_TYPE[type_k], n_head_kv * k_len) + ggml_row_bytes(
+        GGML_TYPE[type_v], n_head_kv * v_len
+    )
+    return C.llama_model_n_layer(model.ptr) * row
+
+
+def kv_types_error(model: Model, type_k: KvType, type_v: KvType) -> str | None:
+    """Why this model cannot keep its KV cache in these types, or None. llama.cpp refuses a
+    block type whose block does not divide a head (it fails the context with a log line
+    only, which the retries below would take for memory), so the reason is found here."""
+    for what, kind, length in zip(("k", "v"), (type_k, type_v), head_lengths(model), strict=True):
+        block = ggml_block_size(GGML_TYPE[kind])
+        if length % block:
+            return (
+                f"--cache-type-{what} {kind.value} stores blocks of {block} values, which do"
+                f" not divide this model's {length}-value heads: use f16, bf16 or f32"
+            )
+    return None
 
 
 def open_context(model: Model, settings: Settings) -> Context:
     """A context of --n-ctx cells, or of the size `fit_n_ctx` chooses. That check sees host
     memory only; where the KV cache lives on a GPU and does not fit, halve and retry."""
+    types = (settings.cache_type_k, settings.cache_type_v)
+    error = kv_types_error(model, *types)
+    if error is not None:
+        raise ValueError(error)
+    if types != (DEFAULT_KV_TYPE, DEFAULT_KV_TYPE):
+        log.info("KV cache %s, flash attention %s", label(*types), flash_attn(settings).value)
     if settings.n_ctx is not None:
         return Context(model, context_options(settings, settings.n_ctx))
-    n_ctx, why = fit_n_ctx(model.n_ctx_train, kv_bytes_per_cell(model), available_memory())
+    per_cell = kv_bytes_per_cell(model, *types)
+    n_ctx, why = fit_n_ctx(model.n_ctx_train, per_cell, available_memory())
     log.info("n_ctx=%d: %s", n_ctx, why)
     while True:
         try:
@@ -219,8 +291,9 @@ def open_context(model: Model, settings: Settings) -> Context:
             log.warning("the context did not fit in memory; trying n_ctx=%d", n_ctx)
 
 
-def load_engine(settings: Settings, on_death: Callable[[str], None] | None = None) -> LoadedEngine:
-    """`on_death` is called (on the engine thread) if the engine thread ever dies."""
+def load_engine(settings: Settings, on_death: Callable[[str], None] | None = None) -> Served:
+    """The model loaded and its engine thread running, as the API sees them. `on_death`
+    is called (on the engine thread) if the engine thread ever dies."""
     path = settings.resolved_model_path()
     if settings.rpc:
         add_rpc_servers(settings.rpc)  # before the model: its loader spreads layers over them
@@ -245,4 +318,4 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
     )
     warm = threading.Thread(target=constraints_for, args=(model,), name="warm-constraints")
     warm.start()
-    return LoadedEngine(model, context, engine, runtime, warm)
+    return _Loaded(model, context, engine, runtime, warm).served(settings.stuck_after)

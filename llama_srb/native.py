@@ -145,7 +145,29 @@ def ggml_library() -> ctypes.CDLL:
     lib.ggml_backend_dev_description.restype = ctypes.c_char_p
     lib.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
     lib.ggml_backend_dev_by_type.restype = ctypes.c_void_p
+    lib.ggml_type_name.argtypes = [ctypes.c_int]
+    lib.ggml_type_name.restype = ctypes.c_char_p
+    lib.ggml_blck_size.argtypes = [ctypes.c_int]
+    lib.ggml_blck_size.restype = ctypes.c_int64
+    lib.ggml_row_size.argtypes = [ctypes.c_int, ctypes.c_int64]
+    lib.ggml_row_size.restype = ctypes.c_size_t
     return lib
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    """ggml's own name of a tensor type (`q8_0`)."""
+    return str(ggml_library().ggml_type_name(ggml_type).decode())
+
+
+def ggml_block_size(ggml_type: int) -> int:
+    """Values per block of a type (32 for q8_0; 1 for f16): a row's length must be a
+    multiple of it."""
+    return int(ggml_library().ggml_blck_size(ggml_type))
+
+
+def ggml_row_bytes(ggml_type: int, n: int) -> int:
+    """Bytes of a row of `n` values of a type, its blocks' scales included."""
+    return int(ggml_library().ggml_row_size(ggml_type, n))
 
 
 def has_gpu_device() -> bool:
@@ -341,6 +363,8 @@ class ContextOptions:
     n_batch: int
     threads: int | None = None
     flash_attn: int = C.LLAMA_FLASH_ATTN_TYPE_AUTO
+    type_k: int = C.GGML_TYPE_F16  # the KV cache's element types (enum ggml_type)
+    type_v: int = C.GGML_TYPE_F16
 
 
 class Context:
@@ -361,6 +385,8 @@ class Context:
         params.n_threads = threads
         params.n_threads_batch = threads
         params.flash_attn_type = options.flash_attn
+        params.type_k = options.type_k
+        params.type_v = options.type_v
         params.kv_unified = True
         params.swa_full = True
         params.no_perf = True

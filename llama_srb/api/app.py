@@ -21,14 +21,27 @@ from llama_srb.api.deps import State
 from llama_srb.api.errors import install_error_handlers
 from llama_srb.api.metrics import ConnectionsCollector, EngineCollector, WatchdogCollector
 from llama_srb.api.middleware import install_middleware
-from llama_srb.api.routes import chat, completions, dialects, models, native, stories, tokenize
-from llama_srb.api.routes.dialects import DecodeRequest, EncodeRequest
+from llama_srb.api.routes import (
+    chat,
+    completions,
+    dialects,
+    live,
+    models,
+    native,
+    stories,
+    tokenize,
+)
 from llama_srb.api.routes.kobold import kobold_router
-from llama_srb.api.routes.tokenize import DetokenizeRequest, TokenizeRequest
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
 from llama_srb.api.schemas.kobold import KoboldGenerateRequest, TokenCountRequest
 from llama_srb.api.schemas.native import NativeCompletionRequest
+from llama_srb.api.schemas.tokens import (
+    DecodeRequest,
+    DetokenizeRequest,
+    EncodeRequest,
+    TokenizeRequest,
+)
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import document_bodies
 from llama_srb.config import Settings
@@ -78,10 +91,8 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"status": "ok", "model": state.settings.model_name})
 
     registry = state.metrics.registry
-    registry.register(
-        EngineCollector(lambda: state.loaded.engine.snapshot if state.loaded else None)
-    )
-    registry.register(WatchdogCollector(lambda: state.watchdog))
+    registry.register(EngineCollector(lambda: state.loaded.snapshot() if state.loaded else None))
+    registry.register(WatchdogCollector(lambda: state.loaded.watchdog if state.loaded else None))
     registry.register(ConnectionsCollector(state.connections))
 
     @app.get("/metrics")
@@ -89,7 +100,8 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")
-    for router in (models.router, completions.router, chat.router, tokenize.router, stories.router):
+    routers = (models, completions, chat, live, tokenize, stories)
+    for router in (module.router for module in routers):
         v1.include_router(router)
     app.include_router(v1)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there,

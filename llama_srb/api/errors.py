@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llama_srb.engine.generation import EngineDied, Interrupted, RequestTimedOut
-from llama_srb.engine.outputs import RequestOutput
+from llama_srb.engine.outputs import LiveRefused, RequestOutput
 from llama_srb.sampling.params import ParamError
 
 _TYPES = {
@@ -98,6 +98,8 @@ def api_error(failure: Failure) -> APIError:
         return APIError(400, message, param)
     if isinstance(failure, Interrupted):
         return _interrupted_error(failure)
+    if isinstance(failure, LiveRefused):
+        return APIError(failure.status, failure.message, code="choice_unavailable")
     if isinstance(failure, StarletteHTTPException):
         headers = dict(failure.headers) if failure.headers else None
         return APIError(failure.status_code, str(failure.detail), headers=headers)
@@ -156,6 +158,7 @@ def install_error_handlers(app: FastAPI) -> None:
         ParamError,
         RequestValidationError,
         Interrupted,
+        LiveRefused,
         StarletteHTTPException,
         Exception,
     ):

@@ -29,16 +29,15 @@ from fastapi import Request
 
 from llama_srb.api.clients import Caller
 from llama_srb.api.errors import APIError
+from llama_srb.api.live import LiveCall, LiveCalls
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.api.state import AppState
 from llama_srb.engine.build import Submission
 from llama_srb.engine.generation import Interrupted, RequestTimedOut
 from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.loader import LoadedEngine
-from llama_srb.native import Model
+from llama_srb.served import Doorway, Served, Tokenizer
 
 T = TypeVar("T")
 log = logging.getLogger("llama_srb.requests")
@@ -48,7 +47,7 @@ RETRY_AFTER_S = 1
 
 
 def _refuse_if_full(
-    runtime: Runtime, max_queue: int, client_max_queue: int, client: str, incoming: int = 1
+    runtime: Doorway, max_queue: int, client_max_queue: int, client: str, incoming: int = 1
 ) -> None:
     """`incoming`: the engine requests this call will submit (one per prompt of a list);
     they count against the client's own share of the queue as well as the server's."""
@@ -91,9 +90,7 @@ def _refuse_if_stuck(state: AppState) -> None:
         )
 
 
-def check_request(
-    state: AppState, body: SamplingFields, n_prompts: int, caller: Caller
-) -> LoadedEngine:
+def check_request(state: AppState, body: SamplingFields, n_prompts: int, caller: Caller) -> Served:
     """The cheap checks, on the event loop before anything is built: the model name, `n`,
     and room in the queue (the server's and the caller's) for all `n_prompts` prompts of
     the request at once."""
@@ -137,17 +134,24 @@ Merged = AsyncIterator[tuple[int, RequestOutput]]  # a call's outputs, by prompt
 
 
 def submit(
-    state: AppState, submissions: Sequence[Submission], caller: Caller | None = None
+    state: AppState,
+    submissions: Sequence[Submission],
+    caller: Caller | None = None,
+    live: LiveCall | None = None,
 ) -> Merged:
     """Hand every request of a call to the engine now (the queue bound counts them at
     once): their outputs as one stream, each tagged with its request's position in
-    `submissions` and logged on its way (RequestLog)."""
+    `submissions` and logged on its way (RequestLog); with `live`, recorded for live
+    branching too (api/live.py)."""
     settings, loaded = state.settings, state.ready()
     timeout = settings.request_timeout or None
     records = [RequestRecord(s.request_id, s.spec) for s in submissions]
     generations = [loaded.runtime.generate(s, timeout=timeout) for s in submissions]
     key = caller.key if caller is not None else None
     log = RequestLog(state.metrics, loaded.model, settings.log_prompts, records, key)
+    if live is not None:
+        state.live.open(live)
+        log.live = (state.live, live)
     return merge(generations, log)
 
 
@@ -254,6 +258,7 @@ class RequestRecord:
             self.reasons = [None] * output.n_choices
         for delta in output.choices:
             if delta.finish_reason is not None:
+                self.reasons += [None] * (delta.index + 1 - len(self.reasons))  # a refill's
                 self.reasons[delta.index] = delta.finish_reason.value
         if output.finished:
             self.outcome = "error" if output.error else "completed"
@@ -298,7 +303,7 @@ class RequestLog:
     def __init__(
         self,
         metrics: ServerMetrics,
-        model: Model,
+        model: Tokenizer,
         log_prompts: bool,
         records: list[RequestRecord],
         key: str | None = None,
@@ -308,10 +313,13 @@ class RequestLog:
         self.log_prompts = log_prompts
         self.records = records
         self.key = key
+        self.live: tuple[LiveCalls, LiveCall] | None = None  # the call, for live branching
 
     def observe(self, position: int, output: RequestOutput) -> None:
         if output.prompt_processed is not None:  # the prompt read in part: no tokens yet
             return
+        if self.live is not None:
+            self.live[1].observe(position, output)
         record = self.records[position]
         before = record.last.times.first_token if record.last is not None else None
         record.observe(output)
@@ -332,6 +340,8 @@ class RequestLog:
         """The call is over: what has not ended yet was cancelled (or interrupted)."""
         for record in self.records:
             self._end(record)
+        if self.live is not None:
+            self.live[0].end(self.live[1])
 
     def _end(self, record: RequestRecord) -> None:
         if record.ended:

@@ -1,4 +1,5 @@
-"""What the HTTP layer holds: settings and, once loaded, the engine. Lives on app.state."""
+"""What the HTTP layer holds: settings and, once loaded, the engine's face (served.py).
+Lives on app.state; a route reaches it through deps.py's `app_state`."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from llama_srb.api.clients import Caller, caller_of, library_access
 from llama_srb.api.connections import ConnectionLimits, OpenConnections, networks
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.chat import ServedTemplate, serve_template
+from llama_srb.api.live import LiveCalls
 from llama_srb.api.metrics import ServerMetrics
 from llama_srb.api.workers import Workers
 from llama_srb.config import Settings
-from llama_srb.engine.watch import Step, Watchdog
-from llama_srb.loader import LoadedEngine, load_engine
+from llama_srb.engine.watch import Step
+from llama_srb.loader import load_engine
+from llama_srb.served import Served
 from llama_srb.stories.owners import Access, CreationRate
 from llama_srb.stories.store import StoryStore
 
@@ -33,17 +36,15 @@ STORIES_FILE = "stories.sqlite3"  # in --data-dir
 class AppState:
     settings: Settings
     created: int = field(default_factory=lambda: int(time.time()))
-    loaded: LoadedEngine | None = None
+    loaded: Served | None = None
     chat: ServedTemplate | None = None  # the chat template, chosen when the model loads
     load_error: str | None = None
     metrics: ServerMetrics = field(default_factory=ServerMetrics)
-    draining: bool = False  # SIGTERM received: finishing what runs, taking nothing new
-    engine_failure: str | None = None  # the engine thread died: the server must exit
+    live: LiveCalls = field(default_factory=LiveCalls)  # calls a writer may act on
     # Request preparation (tokenize, grammar, sampler chains) runs here, off the loop.
     workers: Workers = field(default_factory=lambda: Workers(PREPARE_WORKERS))
     keys: ApiKeys = field(init=False)
     connections: OpenConnections = field(init=False)  # the HTTP server's (api/connections.py)
-    watchdog: Watchdog | None = None  # once loaded: is the engine stuck in a step?
     # The engine thread was still in a step when the server closed: it must exit now.
     stuck_at_exit: bool = False
 
@@ -67,7 +68,18 @@ class AppState:
 
     def stuck(self) -> Step | None:
         """The engine's step in progress, if it has run past --stuck-after."""
-        return self.watchdog.stuck() if self.watchdog is not None else None
+        return self.loaded.watchdog.stuck() if self.loaded is not None else None
+
+    # The shutdown's state is the engine thread's doorway's (engine/runtime.py), read here.
+    @property
+    def draining(self) -> bool:
+        """SIGTERM received: finishing what runs, taking nothing new."""
+        return self.loaded is not None and self.loaded.runtime.closing
+
+    @property
+    def engine_failure(self) -> str | None:
+        """Why the engine thread died, once it has: the server must exit."""
+        return self.loaded.runtime.died if self.loaded is not None else None
 
     stories: StoryStore | None = None  # the story library, opened at startup
     stories_error: str | None = None
@@ -78,8 +90,8 @@ class AppState:
         assert self.chat is not None  # set before `loaded`
         return self.chat
 
-    def ready(self) -> LoadedEngine:
-        """The loaded engine, or a 503 that says why there is none."""
+    def ready(self) -> Served:
+        """The loaded engine's face, or a 503 that says why there is none."""
         if self.engine_failure is not None:
             raise APIError(503, self.engine_failure, code="engine_failed")
         if self.loaded is None:
@@ -108,7 +120,7 @@ class AppState:
         def on_death(reason: str) -> None:  # on the dying engine thread
             loop.call_soon_threadsafe(self._engine_died, reason)
 
-        def load() -> LoadedEngine:
+        def load() -> Served:
             loaded = load_engine(self.settings, on_death)
             try:
                 self.chat = serve_template(self.settings.chat_template, loaded.model)
@@ -123,15 +135,13 @@ class AppState:
             log.exception("model load failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
             return
-        self.watchdog = Watchdog(self.loaded.engine.watch, self.settings.stuck_after)
         while True:  # until the lifespan ends (it cancels this task): logged on time
             await asyncio.sleep(WATCH_PERIOD_S)
             self.stuck()
 
     def _engine_died(self, reason: str) -> None:
-        """Everyone waiting hears it now, /health turns 503, and the server exits
-        non-zero (api/shutdown.py) so that a supervisor starts a fresh one."""
-        self.engine_failure = reason
+        """Everyone waiting hears it now; /health turns 503 and the server exits non-zero
+        (api/shutdown.py) from the runtime's `died`, so that a supervisor starts a fresh one."""
         if self.loaded is not None:
             self.loaded.runtime.fail_flights(reason)
 
@@ -142,7 +152,6 @@ class AppState:
 
     async def drain(self) -> None:
         """Stop taking requests; give running ones --shutdown-grace seconds to finish."""
-        self.draining = True
         if self.loaded is not None:
             await self.loaded.runtime.drain(self.settings.shutdown_grace)
 

@@ -103,7 +103,12 @@ class BranchStep:
         assert branch.text is not None
         mask_eog = params.ignore_eos or len(branch.tokens) < params.min_tokens
         while True:
-            token = self._pick(branch, row, mask_eog, taken, mask)
+            if branch.forced:  # the writer's next word (live branching's `append`)
+                token = branch.forced.pop(0)
+                assert branch.sampler is not None
+                branch.sampler.accept(token)
+            else:
+                token = self._pick(branch, row, mask_eog, taken, mask)
             if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
                 return Drawn(reason=FinishReason.STOP)
             self.drawn += 1

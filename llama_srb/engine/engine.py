@@ -14,6 +14,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
@@ -21,9 +22,9 @@ import numpy.typing as npt
 from llama_srb.engine.branch_step import BranchStep, scores_of
 from llama_srb.engine.context import DecodeContext, Vocabulary
 from llama_srb.engine.kv import KvBudget, KvOp, KvRestore, KvSave, Shortage
-from llama_srb.engine.outputs import ChoiceDelta, FinishReason, RequestOutput
+from llama_srb.engine.outputs import ChoiceDelta, FinishReason, LiveRefused, RequestOutput
 from llama_srb.engine.pacing import StepPacer
-from llama_srb.engine.request import Branch, Request, RequestStatus
+from llama_srb.engine.request import Branch, Request, RequestStatus, Sampler
 from llama_srb.engine.scheduler import DecodeCall, PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.stats import EngineSnapshot, EngineStats
@@ -68,11 +69,13 @@ class Engine:
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
         self._published_at = -math.inf  # time.perf_counter() of the last publish
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
+        self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="llama-srb-masks")
         self.branch_step = BranchStep(model.eog_tokens, self._masks)
         self.tier_io = TierIO(ctx, budget.tiers, self.stats)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
     def close(self) -> None:
+        self._mask_worker.shutdown()
         self.batch.close()
 
     def warm_up(self) -> None:
@@ -111,6 +114,70 @@ class Engine:
     def fail_all(self, message: str) -> list[RequestOutput]:
         """After an unexpected engine error or at shutdown: end everything in flight."""
         return self.fail(self.scheduler.requests, message)
+
+    # -- live branching: a writer acts on one branch of a running request ---------------
+    # A fork is no action here: it is a new request whose prompt is the branch's text, and
+    # the scheduler forks the branch's cells into it (Scheduler._share_live_prefix).
+
+    def drop(
+        self, request_id: str, index: int, refill: Branch | None = None
+    ) -> tuple[int | None, list[RequestOutput]]:
+        """End choice `index` of a running request now (FinishReason.DROPPED); with `refill`,
+        a fresh branch from the same prompt goes on under a new index, which is returned.
+        LiveRefused when the choice cannot be dropped (and then `refill` is closed)."""
+        try:
+            request, branch = self._live_branch(request_id, index)
+            if refill is not None:
+                refill.index = len(request.branches)
+            self._apply(self.scheduler.drop(request, branch, refill))
+        except LiveRefused:
+            if refill is not None:
+                refill.close()
+            raise
+        if request.status is RequestStatus.FINISHED:
+            self._last_output_at.pop(request_id, None)
+        delta = ChoiceDelta(branch.index, "", [], FinishReason.DROPPED)
+        return (refill.index if refill is not None else None), [self._output(request, [delta])]
+
+    def steer(
+        self, request_id: str, index: int, sampler: Sampler | None, append: list[int]
+    ) -> list[RequestOutput]:
+        """Change choice `index` from its next token: a new sampler chain (it takes the
+        branch's tokens as its history first), and the writer's words to take next as if
+        the model had written them. LiveRefused when it cannot (then `sampler` is closed)."""
+        try:
+            _, branch = self._live_branch(request_id, index)
+        except LiveRefused:
+            if sampler is not None:
+                sampler.close()
+            raise
+        if sampler is not None:
+            for token in branch.tokens:  # penalties, DRY and a grammar see its text so far
+                sampler.accept(token)
+            branch.close()
+            branch.sampler = sampler
+        branch.forced += append
+        return []
+
+    def _live_branch(self, request_id: str, index: int) -> tuple[Request, Branch]:
+        """Choice `index` of a running request, if a drop or a steer may act on it."""
+        request = self.scheduler.find(request_id)
+        if request is None:
+            raise LiveRefused(409, "the request has finished: fork its choices instead")
+        if request.best_of is not None:
+            raise LiveRefused(409, "best_of ranks its branches when all end: none can change")
+        if request.n_branches < request.spec.n_choices:
+            raise LiveRefused(
+                409, "a greedy request decodes one branch for all its choices: fork it instead"
+            )
+        if request.status is RequestStatus.WAITING:
+            raise LiveRefused(409, "the request is still queued: wait for its first tokens")
+        branch = next((b for b in request.branches if b.index == index), None)
+        if branch is None:
+            raise LiveRefused(404, f"the request has no choice {index}")
+        if branch.finish_reason is not None:
+            raise LiveRefused(409, f"choice {index} has ended ({branch.finish_reason.value})")
+        return request, branch
 
     # -- the step ----------------------------------------------------------------------
 
@@ -156,14 +223,16 @@ class Engine:
         sampled: Sampled = {}
         seconds = 0.0
         for call in plan.calls(self.tokens_per_call):
+            masks = self._start_masks(call)  # while llama_decode runs
             try:
                 chunk_rows, elapsed = self._decode(call)
             except DecodeError as exc:  # this call failed: its requests end, others go on
+                masks.result()  # its matchers are not touched again before it is done
                 failed += self.fail(call.requests, str(exc))
                 continue
             seconds += elapsed
             self._apply(self.scheduler.prefilled(call))
-            broken, rewinds = self._sample(call, chunk_rows, sampled)
+            broken, rewinds = self._sample(call, chunk_rows, sampled, masks.result())
             self._apply(rewinds)
             for request, error in broken:
                 failed += self.fail([request], error, refused=True)
@@ -202,7 +271,9 @@ class Engine:
         batch = self.batch
         batch.clear()
         for request, branch in call.decode:
-            batch.add(branch.tokens[-1], self._pos(request, branch), branch.seq_id, True)
+            # a refilled branch has no token yet: its prompt's last, for its first row
+            token = branch.tokens[-1] if branch.tokens else request.prompt[-1]
+            batch.add(token, self._pos(request, branch), branch.seq_id, True)
         chunk_rows = []
         for chunk in call.prefill:
             request = chunk.request
@@ -249,15 +320,19 @@ class Engine:
     # -- sampling a call's rows ----------------------------------------------------------
 
     def _sample(
-        self, call: DecodeCall, chunk_rows: list[int], sampled: Sampled
+        self,
+        call: DecodeCall,
+        chunk_rows: list[int],
+        sampled: Sampled,
+        masks: dict[int, Bitmask],
     ) -> tuple[list[tuple[Request, str]], list[KvOp]]:
         """Every branch with logits in this call samples its next token; per request, in
         plan order, the deltas of its branches join `sampled`. Each row is read into its
         column maxima (sampling/cut.py) just before its branches sample from it, while
-        it is in the core's cache for the columns they read next; the grammars' masks
-        are computed for all of them in one call. Returns the requests whose grammar
-        failed (a limit of its work per token), to end with their error, and the KV
-        changes the branches' rewinds need."""
+        it is in the core's cache for the columns they read next; the grammars' `masks`
+        were computed while the call was decoded (`_start_masks`). Returns the requests
+        whose grammar failed (a limit of its work per token), to end with their error, and
+        the KV changes the branches' rewinds need."""
         logits = self.ctx.logits()
         if not len(logits):
             return [], []
@@ -266,7 +341,6 @@ class Engine:
             for chunk, last in zip(call.prefill, chunk_rows, strict=True)
             if chunk.completes_prompt
         ]
-        masks = self._grammar_masks(call, forks)
         broken = self._broken(masks)
         rewinds: list[KvOp] = []
         step = self.branch_step
@@ -296,7 +370,7 @@ class Engine:
             scores = scores_of(request, row)
             # distinct_openings: each branch's first token is one no earlier one drew
             taken: set[int] | None = set() if request.params.distinct_openings else None
-            for branch in request.branches:
+            for branch in request.live:
                 next_delta(request, branch, row, scores, taken)
         for i, (request, branch) in enumerate(call.decode):
             if id(request) not in broken:
@@ -304,12 +378,11 @@ class Engine:
                 next_delta(request, branch, row, scores_of(request, row), None)
         return list(broken.values()), rewinds
 
-    def _grammar_masks(
-        self, call: DecodeCall, forks: list[tuple[Request, int]]
-    ) -> dict[int, Bitmask]:
-        """The next tokens each constrained branch of this call's rows may take, by branch
-        (llguidance, in one call for all of them, on its own threads)."""
-        branches = [branch for request, _ in forks for branch in request.branches]
+    def _start_masks(self, call: DecodeCall) -> Future[dict[int, Bitmask]]:
+        """The next tokens each constrained branch of this call's rows may take, by branch:
+        computed by llguidance (in one call, on its own threads, outside the GIL) while
+        llama_decode runs, as they depend only on each branch's tokens so far."""
+        branches = [b for c in call.prefill if c.completes_prompt for b in c.request.live]
         branches += [branch for _, branch in call.decode]
         matchers = {
             id(branch): branch.sampler.matcher
@@ -317,9 +390,15 @@ class Engine:
             if branch.sampler is not None and branch.sampler.matcher is not None
         }
         if not matchers:
-            return {}
-        rows = self._masks.fill(list(matchers.values())).copy()
-        return dict(zip(matchers, rows, strict=True))
+            done: Future[dict[int, Bitmask]] = Future()
+            done.set_result({})
+            return done
+
+        def fill() -> dict[int, Bitmask]:
+            rows = self._masks.fill(list(matchers.values())).copy()
+            return dict(zip(matchers, rows, strict=True))
+
+        return self._mask_worker.submit(fill)
 
     def _broken(self, masks: dict[int, Bitmask]) -> dict[int, tuple[Request, str]]:
         """The requests one of whose branches' grammar went past a limit just now."""

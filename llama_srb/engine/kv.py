@@ -17,9 +17,9 @@ The policy (its numbers are in docs/benchmarks.md, "Prefix cache"):
   admission evicts the least recently used paths until it fits.
 - A request forks from the cache only when the shared prefix is worth it
   (`MIN_SHARED_TOKENS`): a match on the BOS token alone would pin a long path for nothing.
-- A request's finished branches keep their cells (and their reservation) until the whole
-  request ends; then they are parked together. So the counts stay exact, and parking never
-  evicts what it parks.
+- A request's finished branches keep their cells (and the room they filled; the rest is
+  freed at once) until the whole request ends; then they are parked together. So the
+  counts stay exact, and parking never evicts what it parks.
 - With lower tiers (engine/tiers.py), an evicted path is saved there first (`KvSave`), and
   a prompt whose longest cached prefix sits there gets it back (`KvRestore`) into its own
   first sequence: those cells are the request's own, reserved like computed ones, so a
@@ -463,11 +463,43 @@ class KvBudget:
             ops.append(KvRestore(-1, seq_ids[0], 0, found.shared, entry=entry))
         return Grant(seq_ids, found.shared, tuple(ops))
 
+    def add_sequence(self, request: Request) -> tuple[int, list[KvOp]] | None:
+        """A branch for a running request in place of one about to end (live branching's
+        refill): a sequence id and its cells, `max_tokens` + 1 (its prompt's last token is
+        decoded again in its own sequence). None when they do not fit now; cached paths
+        make way if they must. Live sequences count one over until the other ends."""
+        need = request.params.max_tokens + 1
+        evictable = sum(1 for p in self.cache.paths if not p.pins)
+        if (
+            self.live > self.max_live
+            or self.free_ids + evictable < 1
+            or self.cells_reserved + need + self.cache.pinned_cells() > self.n_cells
+        ):
+            return None
+        ops = self._evict_until(
+            lambda: (
+                self.free_ids >= 1
+                and self.cells_reserved + need + self.cache.cells() <= self.n_cells
+            )
+        )
+        self.live += 1
+        self.cells_reserved += need
+        self._running[request].prompt_cells += 1  # the extra cell, returned with the prompt's
+        return self._free_ids.pop(), ops
+
+    def kept_paths(self, request: Request) -> list[tuple[int, list[int]]]:
+        """The ended branches of a running request whose cells stay until it ends, as
+        (sequence id, the tokens its cells hold): a live prefix others may fork from."""
+        reservation = self._running.get(request)
+        return reservation.finished if reservation is not None else []
+
     def release_sequence(self, request: Request, seq_id: int, path: list[int] | None) -> list[KvOp]:
         """A branch ended. With `path` (the tokens its cells hold) and the cache on, its
-        cells stay until the request ends, to be parked then; otherwise they go now."""
+        cells stay until the request ends, to be parked then, and the room it did not use
+        is free now (for a fork, a refill, another request); otherwise all of it goes now."""
         self.live -= 1
         if path and self.cache.enabled:
+            self.cells_reserved -= request.params.max_tokens - _generated(request, path)
             self._running[request].finished.append((seq_id, path))
             return []
         self.cells_reserved -= request.params.max_tokens
@@ -480,7 +512,7 @@ class KvBudget:
         if reservation.source is not None:  # first: a source the new paths cover may go
             reservation.source.pins -= 1
         self.cells_reserved -= reservation.prompt_cells
-        self.cells_reserved -= len(reservation.finished) * request.params.max_tokens
+        self.cells_reserved -= sum(_generated(request, path) for _, path in reservation.finished)
         ops: list[KvOp] = []
         for seq_id, path in reservation.finished:
             park_ops, freed = self.cache.park(seq_id, path, reservation.floor, request.prompt_len)
@@ -503,3 +535,8 @@ class KvBudget:
             ops += evicted[1]
             self._free_ids.append(evicted[0])
         return ops
+
+
+def _generated(request: Request, path: list[int]) -> int:
+    """The cells of an ended branch's path past its prompt: what it kept of its room."""
+    return max(0, len(path) - request.prompt_len)

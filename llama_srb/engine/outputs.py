@@ -13,11 +13,23 @@ from dataclasses import dataclass, field
 from llama_srb.sampling.logprobs import TokenLogprob
 
 
+class LiveRefused(Exception):
+    """A live action (drop, refill, steer) that cannot be done now: `status` is the HTTP
+    status the API answers (404: no such choice; 409: the request or choice is past it;
+    429: no room for a refill now)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class FinishReason(enum.StrEnum):
     STOP = "stop"  # end-of-generation token or stop string
     LENGTH = "length"  # max_tokens reached
     ABORT = "abort"  # cancelled (client gone, timeout, shutdown)
     ERROR = "error"  # the engine failed on this request
+    DROPPED = "dropped"  # its writer dropped this choice while it streamed (live branching)
 
 
 @dataclass

@@ -58,6 +58,7 @@ class Sampler(Protocol):
     def sample(
         self, row: Any, forbidden: Any = None, taken: set[int] | None = None, mask: Any = None
     ) -> int: ...
+    def accept(self, token: int) -> None: ...
     def close(self) -> None: ...
     def rewind(self, kept: list[int]) -> None: ...
 
@@ -80,6 +81,9 @@ class Branch:
     # its branches (best_of); cut back with `tokens` on a rewind.
     scores: list[TokenLogprob] = field(default_factory=list)
     bans: Bans | None = None  # with banned strings: the tokens banned at each position
+    # The writer's words (live branching's `append`): taken, one per step, before the
+    # sampler draws again, as if the model had written them.
+    forced: list[int] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -100,6 +104,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     n_prefilled: int = 0  # prompt tokens whose KV is already in the cache
     n_cached: int = 0  # of those, how many were shared from cached or live sequences
+    # The primary's position: the first branch, until it is dropped while the prompt is
+    # read (its sequence then goes to the next live one: Scheduler.drop).
+    primary_at: int = 0
     error: str | None = None
     refused: bool = False  # the error is the request's own: its grammar cannot go on
     prompt_scores: list[TokenLogprob | None] = field(default_factory=list)
@@ -156,7 +163,7 @@ class Request:
     @property
     def primary(self) -> Branch:
         """The branch the prompt is prefilled into before being forked to the others."""
-        return self.branches[0]
+        return self.branches[self.primary_at]
 
     @property
     def live(self) -> list[Branch]:

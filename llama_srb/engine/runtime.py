@@ -16,18 +16,31 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from typing import TypeVar
 
-from llama_srb.engine.build import Submission
+from llama_srb.engine.build import Built, Submission
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.generation import EngineDied, Flight, Generation, ShuttingDown
 from llama_srb.engine.outputs import RequestOutput
-from llama_srb.engine.request import Request
+from llama_srb.engine.request import Branch, Request
 from llama_srb.engine.spec import unit_of
 from llama_srb.native import native_thread, release_free_memory
+from llama_srb.sampling.branch import BranchSampler
 
 log = logging.getLogger(__name__)
 
 Work = Callable[[], list[RequestOutput]]  # a closure the engine thread runs
+T = TypeVar("T")
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: Exception | None) -> None:
+    """Event-loop thread: an engine-thread action's result, unless its caller left."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
 
 
 class Runtime:
@@ -90,6 +103,43 @@ class Runtime:
 
     def abort(self, request_id: str) -> None:
         self._call(lambda: self.engine.abort(request_id))
+
+    async def act(self, action: Callable[[Engine], tuple[T, list[RequestOutput]]]) -> T:
+        """Run `action` on the engine thread between two steps (live branching: a drop, a
+        steer) and return its result; its outputs go to their readers like a step's. What
+        it raises is raised here."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[T] = loop.create_future()
+
+        def work() -> list[RequestOutput]:
+            try:
+                result, outputs = action(self.engine)
+            except Exception as exc:
+                loop.call_soon_threadsafe(_settle, done, None, exc)
+                return []
+            loop.call_soon_threadsafe(_settle, done, result, None)
+            return outputs
+
+        self._call(work)
+        return await done
+
+    async def drop(self, request_id: str, index: int, refill: Built[Branch] | None) -> int | None:
+        """Live branching: end choice `index` now; with `refill`, a fresh one goes on in its
+        place (its index is returned). LiveRefused when it cannot."""
+        return await self.act(
+            lambda engine: engine.drop(request_id, index, refill.take() if refill else None)
+        )
+
+    async def steer(
+        self, request_id: str, index: int, sampler: Built[BranchSampler] | None, append: list[int]
+    ) -> None:
+        """Live branching: change choice `index` from its next token. LiveRefused when not."""
+        await self.act(
+            lambda engine: (
+                None,
+                engine.steer(request_id, index, sampler.take() if sampler else None, append),
+            )
+        )
 
     def generate(self, submission: Submission, timeout: float | None = None) -> Generation:
         """Hand a built request to the engine now and return the iterator of its outputs.

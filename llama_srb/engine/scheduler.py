@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 
@@ -28,7 +29,7 @@ from llama_srb.engine.kv import (
     Shortage,
     common_prefix,
 )
-from llama_srb.engine.outputs import ChoiceDelta, FinishReason
+from llama_srb.engine.outputs import ChoiceDelta, FinishReason, LiveRefused
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.share import (
@@ -263,34 +264,59 @@ class Scheduler:
         return Shortage.CELLS
 
     def _share_live_prefix(self, request: Request, ops: list[KvOp]) -> bool:
-        """Fork the longest prompt prefix that an earlier live request already holds.
-        Returns True when an earlier request still prefilling will provide more: then
-        this one waits a step rather than compute the same tokens twice."""
+        """Fork the longest prompt prefix that an earlier live request already holds: its
+        prompt (read, or still being read), a branch's text so far, or the text of a branch
+        that ended while its request runs. Returns True when an earlier request still
+        prefilling will provide more: then this one waits a step rather than compute the
+        same tokens twice."""
         limit = request.prompt_len - 1  # the last token is decoded again for its logits
         best, source, promised = request.n_prefilled, -1, 0
         for other in self.running:
             if other is request:
                 break
-            if other.status is RequestStatus.PREFILLING:
-                holder, held = other.primary.seq_id, other.n_prefilled
-                if any(isinstance(op, KvRestore) and op.dst == holder for op in ops):
-                    held = 0  # its cells arrive with this step's restore, if it works
-            elif other.live:
-                holder, held = other.live[0].seq_id, other.prompt_len
-            else:
-                continue
-            common = min(common_prefix(request.prompt, other.prompt), limit)
-            if common < max(MIN_SHARED_TOKENS, self.budget.fork_floor(other)):
-                continue  # a BOS or a few tokens (or inside restored cells): compute
-            if min(common, held) > best:
-                best, source = min(common, held), holder
-            if other.status is RequestStatus.PREFILLING:
-                promised = max(promised, common)
+            floor = self.budget.fork_floor(other)
+            for holder, held, common in self._live_paths(request, other, ops):
+                common = min(common, limit)
+                # A few tokens of a prompt are computed (and not waited for); a fork into a
+                # branch's text shares all it can: nothing is pinned for it.
+                into_branch = other.status is RequestStatus.DECODING and common > other.prompt_len
+                if common < (floor if into_branch else max(MIN_SHARED_TOKENS, floor)):
+                    continue  # a BOS or a few tokens (or inside restored cells): compute
+                if min(common, held) > best:
+                    best, source = min(common, held), holder
+                if other.status is RequestStatus.PREFILLING:
+                    promised = max(promised, common)
         if source >= 0:
             ops.append(KvOp(source, request.primary.seq_id, request.n_prefilled, best))
             request.n_cached += best - request.n_prefilled
             request.n_prefilled = best
         return promised > request.n_prefilled
+
+    def _live_paths(
+        self, request: Request, other: Request, ops: list[KvOp]
+    ) -> Iterator[tuple[int, int, int]]:
+        """The sequences of a running request that `request` could fork from, as (sequence
+        id, cells it holds, tokens its path shares with `request`'s prompt)."""
+        common = common_prefix(request.prompt, other.prompt)
+        if other.status is RequestStatus.PREFILLING:
+            holder, held = other.primary.seq_id, other.n_prefilled
+            if any(isinstance(op, KvRestore) and op.dst == holder for op in ops):
+                held = 0  # its cells arrive with this step's restore, if it works
+            yield holder, held, common
+            return
+        if common < other.prompt_len:  # it parts from the other's prompt: any branch will do
+            if other.live:
+                yield other.live[0].seq_id, self._cells_held(other, other.live[0]), common
+            return
+        tail = request.prompt[common:]  # what it asks beyond the prompt: a branch's text?
+        for branch in other.live:
+            yield (
+                branch.seq_id,
+                self._cells_held(other, branch),
+                common + common_prefix(tail, branch.tokens),
+            )
+        for seq_id, path in self.budget.kept_paths(other):
+            yield seq_id, len(path), common + common_prefix(tail, path[common:])
 
     def restore_failed(self, plan: StepPlan, seq_id: int) -> None:
         """The tier's bytes for the request whose first sequence is `seq_id` did not load:
@@ -301,6 +327,43 @@ class Scheduler:
                 self.budget.restore_failed(request)
                 plan.prefill = [c for c in plan.prefill if c.request is not request]
                 return
+
+    # -- live branching: a writer acts on a branch of a running request -----------------
+
+    def drop(self, request: Request, branch: Branch, refill: Branch | None = None) -> list[KvOp]:
+        """End `branch` now, as its writer asked: its cells are cached like any ended
+        branch's. With `refill`, a fresh branch joins the request first (LiveRefused when
+        no sequence or cells are free now): forked from the prompt with the others if the
+        prompt is still being read, else with all of the prompt but its last token, which
+        it decodes again for its first row."""
+        ops = self._add_branch(request, refill, branch) if refill is not None else []
+        if request.status is RequestStatus.PREFILLING and branch is request.primary:
+            heir = next((b for b in request.live if b is not branch), None)
+            if heir is not None:  # the prompt's cells go on in the heir's sequence
+                branch.seq_id, heir.seq_id = heir.seq_id, branch.seq_id
+                request.primary_at = request.branches.index(heir)
+        held = self._cells_held(request, branch)
+        ops += self._end_branch(request, branch, FinishReason.DROPPED, held)
+        if not request.live:
+            ops += self._retire(request)
+        return ops
+
+    def _add_branch(self, request: Request, branch: Branch, sibling: Branch) -> list[KvOp]:
+        granted = self.budget.add_sequence(request)
+        if granted is None:
+            budget = self.budget
+            raise LiveRefused(
+                429,
+                f"no room for a new branch now: {budget.live} of {budget.max_live} sequences"
+                f" live, {budget.cells_reserved} of {budget.n_cells} KV cells reserved"
+                f" (it needs {request.params.max_tokens + 1}); drop without refill, or retry",
+            )
+        branch.seq_id, ops = granted
+        request.branches.append(branch)
+        self.reserve.grow(request, request.params.max_tokens + 1)
+        if request.status is RequestStatus.DECODING:
+            ops.append(KvOp(sibling.seq_id, branch.seq_id, 0, request.prompt_len - 1))
+        return ops
 
     # -- after the decode: statuses and releases ---------------------------------------
 
@@ -313,8 +376,8 @@ class Scheduler:
             request = chunk.request
             request.n_prefilled = chunk.end
             if chunk.completes_prompt:
-                primary = request.primary.seq_id
-                ops += [KvOp(primary, branch.seq_id) for branch in request.branches[1:]]
+                primary = request.primary
+                ops += [KvOp(primary.seq_id, b.seq_id) for b in request.live if b is not primary]
                 request.status = RequestStatus.DECODING
                 request.times = replace(request.times, first_token=time.monotonic())
         return ops
@@ -378,5 +441,6 @@ class Scheduler:
     def _cells_held(request: Request, branch: Branch) -> int:
         """The cells a live branch holds between steps."""
         if request.status is RequestStatus.DECODING:
-            return request.prompt_len + len(branch.tokens) - 1  # its newest token: not decoded
+            # its newest token (the prompt's last, for a refill that has none) is not decoded
+            return request.prompt_len + len(branch.tokens) - 1
         return request.n_prefilled if branch is request.primary else 0  # forked at the end

@@ -157,6 +157,11 @@ class Reserve:
     def hold(self, request: Request, small: bool, cells: int) -> None:
         self._held[request] = (small, cells)
 
+    def grow(self, request: Request, cells: int) -> None:
+        """A running request took more cells (a refilled branch)."""
+        small, held = self._held[request]
+        self._held[request] = (small, held + cells)
+
     def release(self, request: Request) -> None:
         self._held.pop(request, None)
 

@@ -1,7 +1,8 @@
 // The server's API, as the UI uses it: the model name, token counts, streamed completions
 // (Server-Sent Events read from fetch, since EventSource cannot POST) and the story library
-// (/v1/stories). A network failure throws fetch's own TypeError; an answer that is not a
-// success throws an ApiError.
+// (/v1/stories), and live branching (a streaming choice forked, dropped or steered). A
+// network failure throws fetch's own TypeError; an answer that is not a success throws an
+// ApiError.
 
 /** An error the server answered with: its message, HTTP status, error code and, when it
  * names one, the request field (`param`) that caused it; `body`: the whole answer. */
@@ -49,10 +50,10 @@ async function errorOf(response) {
   return new ApiError(message, { status: response.status, param, code, body });
 }
 
-async function call(method, path, { apiKey, body, signal, keepalive = false } = {}) {
+async function call(method, path, { apiKey, session, body, signal, keepalive = false } = {}) {
   const response = await fetch(path, {
     method,
-    headers: headers(apiKey),
+    headers: session ? { ...headers(apiKey), "X-Session-Id": session } : headers(apiKey),
     body: body === undefined ? undefined : JSON.stringify(body),
     signal,
     keepalive,
@@ -76,6 +77,19 @@ export const stories = {
   duplicate: (id, apiKey) => call("POST", `v1/stories/${id}/duplicate`, { apiKey }),
 };
 
+/** Live branching (llama_srb/api/routes/live.py) on choice `index` of the streamed call `id`:
+ * only the caller that made the call may act, so `auth` ({apiKey, session}) is the call's. */
+export const live = {
+  forkPath: (id, index) => `${choicePath(id, index)}/fork`,
+  drop: (id, index, refill, auth) =>
+    call("DELETE", choicePath(id, index), { ...auth, body: { refill } }),
+  steer: (id, index, body, auth) => call("PATCH", choicePath(id, index), { ...auth, body }),
+};
+
+function choicePath(id, index) {
+  return `v1/completions/${encodeURIComponent(id)}/choices/${index}`;
+}
+
 /** Whether `err` means the server could not be reached (or answered as a broken proxy). */
 export function isOffline(err) {
   return !(err instanceof ApiError) || err.status === 502 || err.status === 503 || err.status === 504;
@@ -95,21 +109,21 @@ export async function fetchModelName(apiKey) {
 }
 
 /**
- * POSTs a streamed completion; once the server has accepted it calls `onOpen()`, then
- * `onProgress(prompt_progress)` while the prompt is read (llama.cpp's {total, cache,
- * processed, time_ms}) and `onChunk(json)` for each event until `[DONE]` (with best_of,
- * once, for the whole answer). Aborting `signal` closes the connection, which cancels the
- * generation on the server.
+ * POSTs a streamed completion (to `path`: a fork's, else v1/completions); once the server
+ * has accepted it calls `onOpen()`, then `onProgress(prompt_progress)` while the prompt is
+ * read (llama.cpp's {total, cache, processed, time_ms}) and `onChunk(json)` for each event
+ * until `[DONE]` (with best_of, once, for the whole answer). Aborting `signal` closes the
+ * connection, which cancels the generation on the server.
  */
 export async function streamCompletion(
-  body, { apiKey, session, signal, onOpen, onChunk, onProgress },
+  body, { path = "v1/completions", apiKey, session, signal, onOpen, onChunk, onProgress },
 ) {
   // best_of cannot be streamed (the best are known at the end): its one answer is the chunk.
   const whole = (body.best_of ?? 0) > (body.n ?? 1);
   const streamed = whole
     ? {}
     : { stream: true, stream_options: { include_usage: true }, return_progress: true };
-  const response = await fetch("v1/completions", {
+  const response = await fetch(path, {
     method: "POST",
     headers: { ...headers(apiKey), "X-Session-Id": session },
     body: JSON.stringify({ ...body, ...streamed }),

@@ -1,11 +1,12 @@
 // The branching-story UI. The page opens on the library (library.js); a story opens in the
 // workbench, where what the writer does (generate, retry, use a card or part of it, go
 // elsewhere in the tree, undo) becomes changes to the story's tree (tree.js) and the
-// requests they make (run.js), then a redraw. Every change is saved as it happens
-// (sync.js: to the server, and a copy in this browser). Drawing, keys, merging and storage
-// live in the other modules.
+// requests they make (run.js), then a redraw. A streaming card can be forked, dropped or
+// steered (live.js), each fork a generation of its own beside the writer's. Every change
+// is saved as it happens (sync.js: to the server, and a copy in this browser). Drawing,
+// keys, merging and storage live in the other modules.
 
-import { ApiError, sessionOf } from "./api.js";
+import { ApiError, live, sessionOf } from "./api.js";
 import { ask } from "./ask.js";
 import * as Branches from "./branches.js";
 import * as Budget from "./budget.js";
@@ -17,6 +18,7 @@ import * as Files from "./files.js";
 import * as History from "./history.js";
 import * as Keys from "./keys.js";
 import * as Library from "./library.js";
+import * as Live from "./live.js";
 import * as Merge from "./merge.js";
 import * as NodeInfo from "./nodeinfo.js";
 import * as Progress from "./progress.js";
@@ -41,7 +43,8 @@ const state = {
   sync: null, // its StorySync
   tree: Tree.createTree(),
   model: "",
-  run: null, // {controller, plan, from, tree, node, undo} while a generation is on
+  run: null, // {controller, plan, from, tree, node, undo, id, session} while generating
+  forks: [], // the same, for each fork of a streaming card while it streams
   warm: null, // {controller, prompt} while a story is read into the cache
   history: History.createHistory(),
   lastVisited: new Map(), // node id → the child the writer last came back from, for →
@@ -73,7 +76,7 @@ function init() {
     generate: open(generate),
     escape: open(() => {
       if (Words.isOpen()) Words.hide();
-      else if (state.run) stop();
+      else if (runs().length) stop();
       else return false;
       return true;
     }),
@@ -92,7 +95,7 @@ function init() {
   });
   // A reload or a closed tab must not lose a pending change; it stops a generation too.
   window.addEventListener("pagehide", () => {
-    Run.finishOpen(state.run?.node, "stopped");
+    for (const run of runs()) Run.finishOpen(run.node, "stopped");
     saveTree();
     state.sync?.leave();
   });
@@ -220,9 +223,9 @@ function syncHooks(id) {
       Story.renumber(moves);
       const to = (x) => (moves.has(x) ? moves.get(x) : x);
       state.lastVisited = new Map([...state.lastVisited].map(([a, b]) => [to(a), to(b)]));
-      if (state.run) {
-        state.run.from = to(state.run.from);
-        if (state.run.plan.parent != null) state.run.plan.parent = to(state.run.plan.parent);
+      for (const run of runs()) {
+        run.from = to(run.from);
+        if (run.plan.parent != null) run.plan.parent = to(run.plan.parent);
       }
     },
     onMerged: () => {
@@ -383,9 +386,11 @@ async function start(plan) {
   }
   const fields = Settings.requestFields(Settings.readForm($("settings")));
   const context = { ...state.tree.context };
-  // `from`: the node shown when the writer asked; `tree`: the tree the answer belongs in.
+  // `from`: the node shown when the writer asked; `tree`: the tree the answer belongs in;
+  // `session`: what the server knows the writer by (a fork, drop or steer must say it too).
   const run = { controller: new AbortController(), plan, from: state.tree.current };
-  Object.assign(run, { tree: state.tree, node: null, undo: null });
+  const session = sessionOf(plan.parent == null ? plan.text : rootOf(plan.parent).text);
+  Object.assign(run, { tree: state.tree, node: null, undo: null, id: null, session });
   state.run = run;
   state.warm?.controller.abort(); // what it read so far stays in the cache
   setStatus("Sending…");
@@ -395,12 +400,9 @@ async function start(plan) {
   Progress.start("generate");
   const failure = await Run.stream(run, { ...fields, prompt: promptFor(plan.text, context, fields) }, {
     apiKey: Connection.apiKey(),
-    session: sessionOf(plan.parent == null ? plan.text : rootOf(plan.parent).text),
+    session,
     open: () => openNode(run, fields, context),
-    update: (index, choice) => {
-      if (Tree.currentNode(state.tree) === run.node) Cards.update(index, choice, isStreaming(choice));
-      state.sync?.changed(); // saved as it streams (at most a few times a second)
-    },
+    update: (index, choice) => showUpdate(run, index, choice),
     progress: Progress.update,
   });
   Progress.finish();
@@ -416,12 +418,23 @@ async function start(plan) {
   render();
 }
 
+/** A card of `run` changed: shown (a refill's new card: the cards drawn again) and saved. */
+function showUpdate(run, index, choice) {
+  if (Tree.currentNode(state.tree) === run.node) {
+    if (Cards.has(index)) Cards.update(index, choice);
+    else render();
+  }
+  state.sync?.changed(); // saved as it streams (at most a few times a second)
+}
+
 /** The server took the request: the node it fills is made now (so a refused request
- * leaves the tree and the shown continuations as they were). */
+ * leaves the tree and the shown continuations as they were). A fork's node does not take
+ * the view: the writer goes on reading the cards it came from. */
 function openNode(run, fields, context) {
   const { plan } = run;
   const tree = state.tree;
   if (tree !== run.tree) return null; // another story was opened meanwhile
+  if (plan.fork && !tree.nodes.has(plan.parent)) return null; // its card's node was deleted
   run.undo = record();
   const reuse = plan.reuse && tree.nodes.get(plan.reuse.id);
   const reusable =
@@ -443,11 +456,15 @@ function openNode(run, fields, context) {
   run.node = node; // its cards are drawn streaming from the start
   Settings.clearErrors($("settings"));
   // Follow the new node unless the writer went elsewhere while the request was sent.
-  if (tree.current === run.from) {
+  if (tree.current === run.from && !plan.fork) {
     tree.current = node.id;
     showCurrent();
   }
-  setStatus(`Generating ${node.choices.length} continuation(s)…`);
+  setStatus(
+    plan.fork
+      ? `Forking #${plan.via + 1}: ${node.choices.length} continuation(s) in #${node.id}…`
+      : `Generating ${node.choices.length} continuation(s)…`,
+  );
   saveTree();
   render();
   return node;
@@ -470,18 +487,117 @@ function dropNode({ node, plan, from, undo }) {
   showCurrent({ draft: plan.draft ? plan.text : null });
 }
 
-function isStreaming(choice) {
-  return choice.finish_reason === null && state.run?.node?.choices.includes(choice) === true;
+/** The generations streaming now: the writer's, and the forks of its cards. */
+function runs() {
+  return [state.run, ...state.forks].filter(Boolean);
 }
 
-/** Stops the running generation; what it produced so far stays. */
+function isStreaming(choice) {
+  return choice.finish_reason === null && runs().some((r) => r.node?.choices.includes(choice));
+}
+
+/** Stops the running generation and its forks; what they produced so far stays. */
 function stop() {
-  const run = state.run;
-  if (!run) return;
+  const stopping = runs();
+  if (stopping.length === 0) return;
   // Aborting the fetch closes the connection; the server then cancels the request.
-  run.controller.abort();
+  for (const run of stopping) run.controller.abort();
   state.run = null;
+  state.forks = [];
   render();
+}
+
+// ---------- live branching: fork, drop and steer a streaming card ----------
+
+/** The streaming call that fills `node`, when the server can act on its cards now: it has
+ * named itself (its first chunk), and is a stream (best_of's answer comes whole). */
+function liveCall(node) {
+  const run = runs().find((r) => r.node === node);
+  const whole = (node.params?.best_of ?? 0) > (node.params?.n ?? 1);
+  return run?.id && !whole ? run : null;
+}
+
+/** Who may act on a call: the key and session that made it. */
+function authOf(run) {
+  return { apiKey: Connection.apiKey(), session: run.session };
+}
+
+/** More continuations of card `index` (as many as the form's n) from `caret` in its text,
+ * else from as far as it has come: a node of their own, a child of `node` by that card
+ * (its text: the story and the card up to there), generated beside the running ones. */
+async function forkCard(node, index, caret) {
+  const call = liveCall(node);
+  const choice = node.choices[index];
+  if (!call || !choice) return;
+  const head = choice.text.slice(0, caret ?? choice.text.length);
+  const asked = Settings.requestFields(Settings.readForm($("settings"))).n;
+  const k = Number.isInteger(asked) && asked > 0 ? asked : (node.params?.n ?? 1);
+  // The server sends what follows the fork point; `at` makes that what the writer has read.
+  const body = { n: k, at: Live.codePoints(head) };
+  // A temperature spread gave each card its own: the fork's continue with this card's.
+  if (node.params?.choices_params) {
+    Object.assign(body, { choices_params: null, ...node.params.choices_params[index] });
+  }
+  const fields = { ...node.params, ...body }; // what the fork's node was generated with
+  delete fields.at;
+  delete fields.choices_params;
+  const plan = { fork: true, parent: node.id, via: index, text: node.text + head };
+  plan.modelChars = head.length;
+  const run = { controller: new AbortController(), plan, from: node.id, tree: state.tree };
+  Object.assign(run, { node: null, undo: null, id: null, session: call.session });
+  state.forks.push(run);
+  render();
+  const failure = await Run.stream(run, body, {
+    path: live.forkPath(call.id, index),
+    apiKey: Connection.apiKey(),
+    session: run.session,
+    open: () => openNode(run, fields, node.context ?? Tree.emptyContext()),
+    update: (i, c) => showUpdate(run, i, c),
+  });
+  const mine = state.forks.includes(run); // not stopped since
+  state.forks = state.forks.filter((r) => r !== run);
+  if (failure && failure.name !== "AbortError") showError(failure);
+  else if (mine && !failure) setStatus(`Fork #${run.node?.id} is done.`);
+  if (failure && run.node?.choices.every((c) => c.text === "")) dropNode(run);
+  saveTree();
+  render();
+}
+
+/** Ends card `index` now ("dropped"); with `refill`, a fresh one from the same prompt
+ * streams in its place, as a new card of the same node. */
+async function dropCard(node, index, refill) {
+  const call = liveCall(node);
+  if (!call) return;
+  try {
+    const answer = await live.drop(call.id, index, refill, authOf(call));
+    const more = answer.refill === null ? "" : `; #${answer.refill + 1} comes in its place`;
+    setStatus(`#${index + 1} dropped${more}.`);
+    if (answer.refill !== null && runs().includes(call)) {
+      Run.grow(node, answer.refill); // unless its first words came before this answer
+      if (Tree.currentNode(state.tree) === node) render();
+    }
+  } catch (err) {
+    liveError(err, index);
+  }
+}
+
+/** The writer's `words` into card `index` as if the model wrote them: they come back on
+ * the stream (so the card shows them once). Throws when they did not go in. */
+async function steerCard(node, index, words) {
+  const call = liveCall(node);
+  if (!call) throw new Error("the card has ended");
+  try {
+    await live.steer(call.id, index, { append: words }, authOf(call));
+  } catch (err) {
+    liveError(err, index);
+    throw err;
+  }
+}
+
+function liveError(err, index) {
+  // 409: the card (or its whole call) ended while the writer acted; nothing is lost.
+  if (err instanceof ApiError && err.status === 409) setStatus(`#${index + 1} had already ended.`);
+  else showError(err);
 }
 
 /** The server's message; when it names a setting, that field is marked too. */
@@ -598,7 +714,8 @@ function deleteNode() {
   if (!Tree.currentNode(state.tree)) return;
   keepDraft();
   const target = Tree.currentNode(state.tree);
-  if (state.run?.node && Tree.pathTo(state.tree, state.run.node.id).includes(target.id)) stop();
+  const under = (run) => run.node && Tree.pathTo(state.tree, run.node.id).includes(target.id);
+  if (runs().some(under)) stop();
   record();
   const count = Tree.deleteSubtree(state.tree, target.id);
   showCurrent();
@@ -799,21 +916,29 @@ function render() {
   const run = state.run;
   Words.hide();
   $("generate").disabled = run !== null;
-  $("stop").disabled = run === null;
+  $("stop").disabled = runs().length === 0;
   $("undo").disabled = !History.canUndo(state.history) && !Story.isDraft();
   $("redo").disabled = state.history.future.length === 0;
   // The prompt being continued must match what is shown.
-  Story.setReadOnly(run !== null && (run.node === null || run.node === node));
+  Story.setReadOnly(run?.node === null || runs().some((r) => r.node === node));
   Cards.render(node, {
     handlers: {
       accept: (index) => acceptCard(node, index),
       edit: (index, text) => editCard(node, index, text),
+      fork: (index, caret) => forkCard(node, index, caret),
+      drop: (index, refill) => dropCard(node, index, refill),
+      steer: (index, words) => steerCard(node, index, words),
+      keep: (index, words) => {
+        editCard(node, index, node.choices[index].text + words);
+        setNotice(`Card #${index + 1} ended before your words went in: they are added to it.`);
+      },
     },
     branched: (index) =>
       [...state.tree.nodes.values()].filter(
         (c) => (c.via_node ?? c.parent) === node.id && c.via === index && c.retry_of === null,
       ).length,
     isStreaming,
+    isLive: (choice) => Boolean(liveCall(node)) && node.choices.includes(choice),
   });
   const found = TreeView.render(state.tree, jumpTo);
   $("tree-found").textContent = found === null ? "" : `${found} found`;

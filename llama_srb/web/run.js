@@ -4,17 +4,22 @@
 import { streamCompletion } from "./api.js";
 import * as Words from "./words.js";
 
+const MAX_NEW = 64; // refills a stream may add at once: more is not a refill but a bad index
+
 /**
- * Streams `body` for `run` ({controller, node}). `open()` makes the node once the server
- * has accepted the request (and may return null to give up); `update(index, choice)` hears
- * every change to a card. Resolves to null when the server finished, else to the error
- * (an AbortError when stopped); the node's open cards and its stats are settled either way.
+ * Streams `body` for `run` ({controller, node}) to `path` (a fork's; else v1/completions);
+ * `run.id` becomes the call's response id, which live branching names it by. `open()` makes
+ * the node once the server has accepted the request (and may return null to give up);
+ * `update(index, choice)` hears every change to a card (a refill's new one too). Resolves
+ * to null when the server finished, else to the error (an AbortError when stopped); the
+ * node's open cards and its stats are settled either way.
  */
-export async function stream(run, body, { apiKey, session, open, update, progress }) {
+export async function stream(run, body, { path, apiKey, session, open, update, progress }) {
   const timing = { start: performance.now(), first: null, usage: null };
   let failure = null;
   try {
     await streamCompletion(body, {
+      path,
       apiKey,
       session,
       signal: run.controller.signal,
@@ -22,7 +27,10 @@ export async function stream(run, body, { apiKey, session, open, update, progres
         run.node = open();
         if (!run.node) run.controller.abort();
       },
-      onChunk: (chunk) => onChunk(run.node, chunk, timing, update),
+      onChunk: (chunk) => {
+        run.id ??= chunk.id ?? null;
+        onChunk(run.node, chunk, timing, update);
+      },
       onProgress: progress,
     });
   } catch (err) {
@@ -56,6 +64,14 @@ export function emptyChoice(logprobs) {
   return choice;
 }
 
+/** Choice `index` of `node`, made (with any before it) when the stream names a new one: a
+ * dropped choice's refill comes under the next index, on the same stream. */
+export function grow(node, index) {
+  if (!Number.isInteger(index) || index < 0 || index > node.choices.length + MAX_NEW) return null;
+  while (node.choices.length <= index) node.choices.push(emptyChoice(node.params?.logprobs));
+  return node.choices[index];
+}
+
 export function finishOpen(node, reason) {
   for (const choice of node?.choices ?? []) choice.finish_reason ??= reason;
 }
@@ -63,7 +79,7 @@ export function finishOpen(node, reason) {
 function onChunk(node, chunk, timing, update) {
   if (chunk.usage) timing.usage = chunk.usage;
   for (const delta of chunk.choices ?? []) {
-    const choice = node?.choices[delta.index];
+    const choice = node && (node.choices[delta.index] ?? grow(node, delta.index));
     if (!choice) continue;
     if (delta.text) {
       timing.first ??= performance.now();

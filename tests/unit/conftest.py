@@ -3,30 +3,48 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from llama_srb.api.app import create_app
+from llama_srb.api.deps import app_state
+from llama_srb.api.input.chat import ChatTemplate, ServedTemplate
+from llama_srb.api.state import AppState
 from llama_srb.config import Settings
 from llama_srb.engine.runtime import Runtime
-from tests.unit.fake_context import FakeModel, make_engine
+from tests.unit.fake_context import make_engine, served
+
+# A chat template the fake model reads: each turn's text and a space (the BOS is added by
+# input/chat.py, where the template does not write it).
+FAKE_CHAT = "{% for m in messages %}{{ m.content }} {% endfor %}"
 
 
 @pytest.fixture
-def client() -> Iterator[TestClient]:
-    """The app in process (FastAPI's TestClient) over the engine and a fake context."""
-    engine, ctx = make_engine()
+def app_with_state() -> Iterator[tuple[TestClient, AppState]]:
+    """The app in process (FastAPI's TestClient, not entered: no lifespan, which would load
+    the real model) and the server state its routes get (deps.py `app_state`, swapped with
+    `dependency_overrides`): the engine over a fake context, behind the face the loader
+    builds (served.py), and a chat template for the fake model."""
+    engine, _ = make_engine()
     runtime = Runtime(engine)
     runtime.start()
-    app = create_app(Settings(max_n=8))
-    loaded: Any = SimpleNamespace(
-        model=FakeModel(), engine=engine, runtime=runtime, n_ctx=ctx.n_ctx
+    settings = Settings(max_n=8)
+    app = create_app(settings)
+    state = AppState(
+        settings,
+        loaded=served(engine, runtime),
+        chat=ServedTemplate(FAKE_CHAT, "the unit tests'", (), ChatTemplate(FAKE_CHAT)),
     )
-    app.state.srb.loaded = loaded
+    app.dependency_overrides[app_state] = lambda: state
     try:
-        yield TestClient(app)  # not entered: no lifespan, which would load the real model
+        yield TestClient(app), state
     finally:
         runtime.stop()
+        state.workers.close()
+        app.state.srb.workers.close()
+
+
+@pytest.fixture
+def client(app_with_state: tuple[TestClient, AppState]) -> TestClient:
+    return app_with_state[0]

@@ -20,13 +20,16 @@ from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.outputs import RequestOutput, RequestTimes
 from llama_srb.engine.request import Branch, Request, RequestStatus
+from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.spec import RequestSpec
 from llama_srb.engine.tiers import TierStore
+from llama_srb.engine.watch import Watchdog
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
+from llama_srb.served import Served
 
 N_VOCAB = 28
 EOS = 0  # the only end-of-generation token
@@ -35,8 +38,13 @@ LETTERS = range(2, N_VOCAB)  # token t spells chr(ord("a") + t - 2)
 
 
 class FakeModel:
+    """The engine's vocabulary (engine/context.py) and what the API reads of a model
+    (served.py `Tokenizer`): 26 letters, a BOS and an EOS."""
+
     n_vocab = N_VOCAB
     bos = BOS
+    eos = EOS
+    add_bos = True
     eog_tokens = (EOS,)
 
     @staticmethod
@@ -61,6 +69,18 @@ class FakeModel:
     def vocab_error(self, tokens: Sequence[int]) -> str | None:
         bad = next((t for t in tokens if not 0 <= t < N_VOCAB), None)
         return None if bad is None else f"token id {bad} is not in the vocabulary"
+
+    def spells_special(self, text: str) -> bool:
+        return False  # its tokenizer reads no text as a special token
+
+    def special_piece(self, token: int) -> bytes:
+        return {BOS: b"<bos>", EOS: b"<eos>"}.get(token, self.piece(token))
+
+    def special_text(self, token: int) -> str:
+        return self.special_piece(token).decode() if token >= 0 else ""
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.special_piece(t) for t in tokens).decode()
 
 
 def ranking(history: Sequence[int]) -> list[int]:
@@ -193,6 +213,7 @@ class FakeSampler:
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
         self.closed = 0
+        self.accepted: list[int] = []
 
     def sample(
         self,
@@ -206,6 +227,9 @@ class FakeSampler:
             values[forbidden] = -np.inf
         order = [int(t) for t in np.argsort(-values, kind="stable")]
         return [t for t in order if t not in (taken or ())][self.rank]
+
+    def accept(self, token: int) -> None:
+        self.accepted.append(token)  # a token it did not draw: a steer's history, a writer's
 
     def close(self) -> None:
         self.closed += 1
@@ -274,6 +298,20 @@ def make_engine(
     return engine, ctx
 
 
+def served(engine: Engine, runtime: Runtime, stuck_after: float = 0.0) -> Served:
+    """What the API sees of an engine over a fake context and its runtime: the face the
+    loader builds of a real one (loader.py), the fake model standing for llama.cpp's."""
+    assert isinstance(engine.ctx, FakeContext)
+    return Served(
+        model=FakeModel(),  # type: ignore[arg-type]  # a Tokenizer; the builders run on it
+        n_ctx=engine.ctx.n_ctx,
+        runtime=runtime,
+        snapshot=lambda: engine.snapshot,
+        watchdog=Watchdog(engine.watch, stuck_after),
+        close=lambda: runtime.stop(30),
+    )
+
+
 @dataclass
 class Outputs:
     """Every output the engine returned, by request id."""
@@ -333,8 +371,9 @@ def check_kv(engine: Engine) -> None:
     for request in scheduler.running:
         for seq in request.live:
             held, name = ctx.held(seq.seq_id), f"{request.request_id}#{seq.index}"
-            if request.status is RequestStatus.DECODING:
-                assert held == request.prompt + seq.tokens[:-1], name  # newest: decoded next
+            if request.status is RequestStatus.DECODING:  # its newest token is decoded next
+                newest = request.prompt_len + len(seq.tokens) - 1  # (a refill's: the prompt's)
+                assert held == (request.prompt + seq.tokens)[:newest], name
             elif seq is request.primary:
                 assert held == request.prompt[: request.n_prefilled], name
             else:

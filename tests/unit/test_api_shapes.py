@@ -8,13 +8,18 @@ from collections.abc import AsyncIterator
 import pytest
 from pydantic import ValidationError
 
+from llama_srb.api.input.chat import chat_params
+from llama_srb.api.input.native import native_params
 from llama_srb.api.input.params import DEFAULT_MAX_TOKENS_CAP, default_max_tokens
 from llama_srb.api.render.logprobs import chat_logprobs, completion_logprobs
-from llama_srb.api.schemas.chat import ChatMessage
+from llama_srb.api.schemas.chat import ChatMessage, ChatRequest
 from llama_srb.api.schemas.completions import CompletionRequest
+from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.service import merge
 from llama_srb.engine.outputs import RequestOutput, RequestTimes
+from llama_srb.engine.spec import RequestSpec
 from llama_srb.sampling.logprobs import TokenLogprob
+from tests.unit.fake_context import BOS, FakeModel
 
 PIECES = {1: b"Hello", 2: b" world", 3: b"!", 4: "é".encode()[:1]}
 
@@ -64,6 +69,33 @@ def test_default_max_tokens_is_what_fits_shared_by_n_and_capped() -> None:
     assert default_max_tokens(n_ctx=1000, prompt_len=100, n_branches=3) == 300
     assert default_max_tokens(n_ctx=1 << 20, prompt_len=100, n_branches=1) == DEFAULT_MAX_TOKENS_CAP
     assert default_max_tokens(n_ctx=100, prompt_len=100, n_branches=2) == 1  # → context error later
+
+
+@pytest.mark.parametrize(
+    ("choices_params", "branches"),
+    [
+        (None, 1),  # greedy: one branch decoded for all n choices (engine/spec.py)
+        ([{}], 1),  # an entry that sets nothing is no choice's own setting
+        ([{}, {"top_k": 4}], 4),  # a choice of its own: every branch decoded
+    ],
+)
+def test_the_default_length_is_shared_by_the_branches_the_spec_decodes(
+    choices_params: list[dict[str, object]] | None, branches: int
+) -> None:
+    """The branch count is decided once (engine/spec.py `branch_count` on the parameters):
+    the length a request gets when it does not say is what fits beside its prompt, shared
+    by the branches its spec will decode, for every route that sizes it."""
+    model, n_ctx, prompt = FakeModel(), 1000, [BOS] * 100
+    fields = {"n": 4, "temperature": 0, "top_k": 8, "choices_params": choices_params}
+    native = NativeCompletionRequest.model_validate({"prompt": prompt, **fields})
+    chat = ChatRequest.model_validate({"messages": [{"role": "user", "content": "x"}], **fields})
+    for params in (
+        native_params(native, model, n_ctx, len(prompt)),  # type: ignore[arg-type]
+        chat_params(chat, model, len(prompt), n_ctx),  # type: ignore[arg-type]
+    ):
+        assert RequestSpec(prompt, params, 4).n_branches == branches
+        assert params.max_tokens == default_max_tokens(n_ctx, len(prompt), branches)
+        assert params.max_tokens == 900 // branches
 
 
 def output(tag: int) -> RequestOutput:

@@ -25,9 +25,15 @@ from llama_srb.engine.tiers import (
     TierStore,
     file_sha256,
 )
+from llama_srb.kv_types import KvType
 from tests.unit.fake_context import BOS, check_kv, expected, make_engine, make_request, run
 
-FINGERPRINT: dict[str, object] = {"model_sha256": "ab" * 32, "llama_cpp": "0.3.36", "n_swa": 0}
+FINGERPRINT: dict[str, object] = {
+    "model_sha256": "ab" * 32,
+    "llama_cpp": "0.3.36",
+    "kv_types": "f16/f16",
+    "n_swa": 0,
+}
 _salt = iter(range(1, 10**6))
 
 
@@ -155,6 +161,7 @@ def rewrite_header(path: Path, **changes: object) -> None:
         (lambda p: p.write_bytes(p.read_bytes()[:5]), "not a llama-srb KV file"),
         (lambda p: rewrite_header(p, llama_cpp="0.3.1"), "llama_cpp differ"),
         (lambda p: rewrite_header(p, model_sha256="cd" * 32), "model_sha256 differ"),
+        (lambda p: rewrite_header(p, kv_types="q8_0/q8_0"), "kv_types differ"),
         (lambda p: rewrite_header(p, n_tokens="many"), "bad header"),
     ],
 )
@@ -318,6 +325,33 @@ def test_the_model_checksum_is_computed_once(tmp_path: Path) -> None:
     assert file_sha256(model, stamps) == "f" * 64
     model.write_bytes(b"other weights")  # another file: another key
     assert file_sha256(model, stamps) not in (first, "f" * 64)
+
+
+def test_a_file_of_other_kv_types_is_never_restored(tmp_path: Path) -> None:
+    """Each pair of KV types has a folder of its own under the model's, named in the header
+    too: a q8_0 server sees none of the f16 stories and leaves them for an f16 server
+    again; a file moved into another pair's folder is refused (and removed) there."""
+    from llama_srb.loader import disk_tier  # imports llama.cpp's binding
+
+    def tiers(k: KvType, v: KvType) -> TierStore:
+        settings = Settings(cache_dir=tmp_path, cache_type_k=k, cache_type_v=v)
+        return TierStore(host_budget=0, disk=disk_tier(settings, "ab" * 32, n_swa=0))
+
+    saved = story(30)
+    f16 = tiers(KvType.f16, KvType.f16)
+    f16.put(as_tokens(saved), state(saved))
+    assert f16.disk is not None and f16.disk.folder == tmp_path / ("ab" * 8)  # as before
+    assert f16.disk.fingerprint["kv_types"] == "f16/f16"
+    q8 = tiers(KvType.q8_0, KvType.q8_0)
+    assert q8.disk is not None and q8.disk.folder.name == "ab" * 8 + "-q8_0-q8_0"
+    assert q8.entries == []
+    assert [list(e.tokens) for e in tiers(KvType.f16, KvType.f16).entries] == [saved]
+    mixed = tiers(KvType.q8_0, KvType.f16)  # the pair, not each type: a folder of its own
+    assert mixed.disk is not None and mixed.disk.folder != q8.disk.folder
+    (path,) = (tmp_path / ("ab" * 8)).glob("*" + SUFFIX)
+    moved = q8.disk.folder / path.name
+    os.replace(path, moved)
+    assert tiers(KvType.q8_0, KvType.q8_0).entries == [] and not moved.exists()
 
 
 # -- the engine: evicted paths go down a tier and come back ----------------------------------

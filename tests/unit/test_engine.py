@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from llama_srb.engine import engine as engine_module
@@ -391,3 +395,44 @@ def test_warm_up_without_a_bos_token_uses_a_valid_one() -> None:
     engine.model.bos = -1  # type: ignore[misc]
     engine.warm_up()
     assert ctx.warmed_with == 0
+
+
+def test_grammar_masks_are_computed_while_llama_decode_runs() -> None:
+    """A call with constrained rows starts their masks before llama_decode and reads them
+    after: the fake decode waits until the masks have begun (it would wait in vain if they
+    were computed after it returned)."""
+    engine, ctx = make_engine(n_batch=16)
+    submitted, started = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    class Masks:
+        def fill(self, matchers: list[object]) -> npt.NDArray[np.int32]:
+            started.set()
+            return np.full((len(matchers), 1), -1, dtype=np.int32)  # every token allowed
+
+    submit = engine._mask_worker.submit
+
+    def submitting(fn: Any) -> Any:
+        submitted.set()
+        return submit(fn)
+
+    decode = ctx.decode
+
+    def decode_after_masks_began(batch: Any) -> None:
+        if submitted.is_set():
+            seen.append(started.wait(10))
+            submitted.clear()
+            started.clear()
+        decode(batch)
+
+    engine._masks = Masks()  # type: ignore[assignment]
+    engine._mask_worker.submit = submitting  # type: ignore[method-assign]
+    ctx.decode = decode_after_masks_began  # type: ignore[method-assign]
+    prompt = story(40)
+    request = make_request("g", prompt, n=2, max_tokens=4)
+    for branch in request.branches:
+        branch.sampler.matcher = SimpleNamespace(error=None)  # type: ignore[union-attr]
+    engine.add(request)
+    out = run(engine)
+    assert out.tokens("g") == {i: expected(prompt, i, 4) for i in range(2)}
+    assert seen == [True] * 4  # the step that read the prompt's end, and three more

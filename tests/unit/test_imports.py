@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -192,3 +193,67 @@ def test_the_api_holds_no_engine_object_only_ids_and_outputs() -> None:
         if target.startswith(f"{PACKAGE}.engine.") and target not in ENGINE_SEAM
     ]
     assert crossing == []
+
+
+# The loader builds the engine and the llama.cpp context and keeps them: the API takes from
+# it only the loading, whose result is the face (served.py) that the API may hold.
+LOADER_FOR_THE_API = {"load_engine"}
+FACE = f"{PACKAGE}.served"
+
+
+def loader_names(path: Path) -> Iterator[str]:
+    """What a module takes from llama_srb.loader: each name, or `*module*` for the module."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module == f"{PACKAGE}.loader":
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE:
+            yield from ("*module*" for alias in node.names if alias.name == "loader")
+        elif isinstance(node, ast.Import):
+            yield from ("*module*" for a in node.names if a.name == f"{PACKAGE}.loader")
+
+
+def test_the_api_takes_only_the_loading_from_the_loader() -> None:
+    taken = {
+        f"{module} takes loader.{name}"
+        for module, path in modules().items()
+        if module.startswith(f"{PACKAGE}.api.")
+        for name in loader_names(path)
+        if name not in LOADER_FOR_THE_API
+    }
+    assert taken == set()
+    assert f"{PACKAGE}.loader" in graph()[f"{PACKAGE}.api.state"]  # the check reads imports
+
+
+def _types(hint: object) -> Iterator[object]:
+    """`hint` and every type inside it (generic arguments, a callable's parameters)."""
+    yield hint
+    for arg in typing.get_args(hint):
+        for inner in arg if isinstance(arg, list) else [arg]:
+            yield from _types(inner)
+
+
+def test_the_face_the_api_sees_holds_no_engine_and_no_context() -> None:
+    """api → loader → engine: what `load_engine` hands the API (served.py) names no engine
+    object, no scheduler state and no llama.cpp context, in its imports or its types."""
+    from llama_srb import loader, served
+    from llama_srb.engine.context import DecodeContext
+    from llama_srb.engine.engine import Engine
+    from llama_srb.engine.kv import KvBudget
+    from llama_srb.engine.request import Branch, Request
+    from llama_srb.engine.scheduler import Scheduler
+    from llama_srb.native import Context
+
+    engine_imports = {t for t in graph()[FACE] if t.startswith(f"{PACKAGE}.engine.")}
+    assert engine_imports <= ENGINE_SEAM, engine_imports - ENGINE_SEAM
+    assert typing.get_type_hints(loader.load_engine)["return"] is served.Served
+    hints = [typing.get_type_hints(served.Served)]
+    for face in (served.Doorway, served.Tokenizer):
+        members = [getattr(face, name) for name in dir(face) if not name.startswith("_")]
+        for member in members:
+            function = member.fget if isinstance(member, property) else member
+            hints.append(typing.get_type_hints(function))
+    named = {t for hint in hints for value in hint.values() for t in _types(value)}
+    forbidden = {Engine, Context, DecodeContext, KvBudget, Scheduler, Request, Branch}
+    assert named & forbidden == set()
+    assert served.Doorway in named and served.Served.__dataclass_fields__  # read, not empty
+    assert not hasattr(served.Doorway, "engine") and not hasattr(served.Doorway, "act")

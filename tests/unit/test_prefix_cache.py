@@ -1,4 +1,6 @@
-"""The prefix cache's bookkeeping and policy, without a model."""
+"""The prefix cache's bookkeeping and policy, without a model. The budget is driven through
+its own calls (admit → Grant, release_sequence, release_request) and never writes to a
+request; the scheduler's tests below reach request state through the scheduler's calls."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from llama_srb.config import MIN_AUTO_N_CTX, fit_n_ctx
 from llama_srb.engine.kv import (
     MIN_SHARED_TOKENS,
     NO_MATCH,
+    Grant,
     KvBudget,
     KvOp,
     PrefixCache,
@@ -17,6 +20,7 @@ from llama_srb.engine.kv import (
 from llama_srb.engine.request import Request, RequestStatus
 from llama_srb.engine.scheduler import Scheduler
 from tests.unit.fake_context import bare_request
+from tests.unit.test_scheduler import computed
 
 BOS = 2
 _fresh = iter(range(1000, 10**9))
@@ -26,30 +30,22 @@ def make(rid: str, prompt: list[int], n: int = 1, max_tokens: int = 4) -> Reques
     return bare_request(rid, prompt, n, max_tokens=max_tokens)
 
 
-def admit(budget: KvBudget, request: Request) -> list[KvOp]:
-    """Admit as the scheduler does: the grant's sequence ids and forked prefix recorded."""
-    grant = budget.admit(request)
-    for branch, seq_id in zip(request.branches, grant.seq_ids, strict=True):
-        branch.seq_id = seq_id
-    request.n_prefilled = request.n_cached = grant.forked
-    return list(grant.ops)
-
-
 def text(length: int) -> list[int]:
     """Tokens no other text shares."""
     return [next(_fresh) for _ in range(length)]
 
 
-def run(budget: KvBudget, request: Request, generated: list[list[int]] | None = None) -> Request:
+def run(budget: KvBudget, request: Request, generated: list[list[int]] | None = None) -> Grant:
     """Admit `request`, end its branches (branch i's cells hold its prompt + generated[i]),
-    then end the request: what the scheduler does through a request's life."""
+    then end the request: what the scheduler asks of the budget through a request's life.
+    Returns what admission granted (the sequence ids, the prompt tokens forked)."""
     assert budget.can_admit(request)
-    admit(budget, request)
-    for seq, tokens in zip(request.branches, generated or [[]] * request.n_branches, strict=True):
-        budget.release_sequence(request, seq.seq_id, request.prompt + tokens)
-        seq.seq_id = -1
+    grant = budget.admit(request)
+    paths = generated or [[]] * request.n_branches
+    for seq_id, tokens in zip(grant.seq_ids, paths, strict=True):
+        budget.release_sequence(request, seq_id, request.prompt + tokens)
     budget.release_request(request)
-    return request
+    return grant
 
 
 def distinct_prefixes(paths: list[list[int]]) -> int:
@@ -107,16 +103,15 @@ def test_parking_shares_cells_with_the_best_match_and_drops_covered_paths() -> N
 def test_a_request_forks_from_the_cache_and_pins_its_source() -> None:
     budget = KvBudget(max_live=4, n_cells=500, cache_paths=4, cache_cells=500)
     story = [BOS, *text(40)]
-    first = run(budget, make("a", story[:-1]), [story[-1:]])
-    assert first.n_cached == 0
+    assert run(budget, make("a", story[:-1]), [story[-1:]]).forked == 0
     second = make("b", [*story, *text(2)])
-    ops = admit(budget, second)
-    assert ops == [KvOp(0, second.primary.seq_id, 0, len(story))]
-    assert second.n_prefilled == second.n_cached == len(story)
+    grant = budget.admit(second)
+    assert grant.ops == (KvOp(0, grant.seq_ids[0], 0, len(story)),)
+    assert grant.forked == len(story)
     assert budget.cells_reserved == 2 + 4
     assert budget.cache.paths[0].pins == 1
     assert budget.cache.evict_lru() is None  # pinned: a running request counts on it
-    budget.release_sequence(second, second.primary.seq_id, None)
+    budget.release_sequence(second, grant.seq_ids[0], None)
     budget.release_request(second)
     assert budget.cache.paths[0].pins == 0
     assert budget.cells_reserved == 0
@@ -136,8 +131,7 @@ def test_admission_evicts_cached_paths_lru_first_when_cells_run_short() -> None:
     budget.cache.park(budget._free_ids.pop(), [8] * 8)
     request = make("big", [1] * 10, max_tokens=2)  # needs 12 cells; 4 are free
     assert budget.can_admit(request)
-    ops = admit(budget, request)
-    evicted = [op.dst for op in ops if op.is_remove]
+    evicted = [op.dst for op in budget.admit(request).ops if op.is_remove]
     assert len(evicted) == 1
     assert [p.tokens[0] for p in budget.cache.paths] == [8]
 
@@ -163,10 +157,10 @@ def test_by_default_the_cache_may_use_every_cell_no_request_needs() -> None:
     # Continue branch A, then A's child, then go back to branch B: each forks all it can.
     children = [text(20) for _ in range(4)]
     a = run(budget, make("A", story + branches[0], n=4, max_tokens=20), children)
-    assert a.n_cached == len(story) + 20 - 1
+    assert a.forked == len(story) + 20 - 1
     child = story + branches[0] + children[0]
-    assert run(budget, make("A1", child, n=2)).n_cached == len(child) - 1
-    assert run(budget, make("B", story + branches[1], n=2)).n_cached == len(story) + 20 - 1
+    assert run(budget, make("A1", child, n=2)).forked == len(child) - 1
+    assert run(budget, make("B", story + branches[1], n=2)).forked == len(story) + 20 - 1
     check_invariants(budget)
 
 
@@ -177,12 +171,12 @@ def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
     prompt = [BOS, *text(94)]  # shares only the BOS token with the cached story
     first = make("new", prompt, max_tokens=8)
     assert budget.match(first) == NO_MATCH
-    admit(budget, first)
-    assert first.n_cached == 0 and not any(p.pins for p in budget.cache.paths)
-    budget.release_sequence(first, first.primary.seq_id, prompt + text(8))
+    grant = budget.admit(first)
+    assert grant.forked == 0 and not any(p.pins for p in budget.cache.paths)
+    budget.release_sequence(first, grant.seq_ids[0], prompt + text(8))
     budget.release_request(first)
     again = run(budget, make("again", prompt, max_tokens=8))
-    assert again.n_cached == len(prompt) - 1  # cached on its second try
+    assert again.forked == len(prompt) - 1  # cached on its second try
     assert len(budget.cache.paths) == 2  # and the long story is still there
     assert budget.match(make("x", [BOS, *text(MIN_SHARED_TOKENS)])) == NO_MATCH
 
@@ -192,11 +186,12 @@ def test_parking_does_not_evict_the_parked_path_for_an_unrelated_pinned_one() ->
     story = [BOS, *text(500)]
     run(budget, make("story", story), [text(4)])
     reader = make("reader", [*story, *text(2)], max_tokens=50)  # pins the story's path
-    admit(budget, reader)
-    short = run(budget, make("short", [BOS, *text(200)]), [text(4)])
+    budget.admit(reader)
+    short = make("short", [BOS, *text(200)])
+    run(budget, short, [text(4)])
     # 505 pinned + 205 idle cells exceed 600, but only the 205 idle ones count.
     assert any(p.tokens[1] == short.prompt[1] for p in budget.cache.paths)
-    assert run(budget, make("short again", short.prompt)).n_cached == len(short.prompt) - 1
+    assert run(budget, make("short again", short.prompt)).forked == len(short.prompt) - 1
     check_invariants(budget)
 
 
@@ -207,15 +202,15 @@ def test_writers_keep_their_hits_while_their_stories_fit_then_the_lru_story_goes
     for w, story in stories.items():  # each writer's root: n=2
         run(budget, make(w, story, n=2, max_tokens=10), [picked[w], text(10)])
     for w, story in stories.items():  # interleaved: each continues its first branch
-        request = run(budget, make(w, story + picked[w], n=2, max_tokens=10), [text(10)] * 2)
-        assert request.n_cached == len(story) + 10 - 1
+        grant = run(budget, make(w, story + picked[w], n=2, max_tokens=10), [text(10)] * 2)
+        assert grant.forked == len(story) + 10 - 1
     check_invariants(budget)
     # A fourth writer's story does not fit beside the three: the least recent one goes.
     run(budget, make("w4", [BOS, *text(300)], n=2, max_tokens=10))
     check_invariants(budget)
     for w in ("w2", "w3"):
-        assert run(budget, make(w, stories[w] + picked[w])).n_cached == 250 + 10
-    assert run(budget, make("w1", [*stories["w1"], *text(3)])).n_cached == 0
+        assert run(budget, make(w, stories[w] + picked[w])).forked == 250 + 10
+    assert run(budget, make("w1", [*stories["w1"], *text(3)])).forked == 0
 
 
 def test_a_running_request_is_always_admitted_over_idle_paths() -> None:
@@ -225,7 +220,7 @@ def test_a_running_request_is_always_admitted_over_idle_paths() -> None:
     assert budget.cache.cells() > 900  # the cache has taken the whole context
     big = make("big", [BOS, *text(600)], n=4, max_tokens=90)  # 960 cells
     assert budget.can_admit(big)
-    admit(budget, big)
+    budget.admit(big)
     assert budget.cells_used <= budget.n_cells
     check_invariants(budget)
 
@@ -235,13 +230,13 @@ def test_a_request_waits_only_for_cells_running_requests_hold() -> None:
     story = [BOS, *text(500)]
     run(budget, make("story", story))
     reader = make("reader", [*story, *text(2)], max_tokens=100)  # pins 501, reserves 102
-    admit(budget, reader)
+    (reader_seq,) = budget.admit(reader).seq_ids
     big = make("big", [BOS, *text(300)], max_tokens=250)  # 551 cells: 603 + 551 > 1000
     assert not budget.can_admit(big)
-    budget.release_sequence(reader, reader.primary.seq_id, reader.prompt + text(4))
+    budget.release_sequence(reader, reader_seq, reader.prompt + text(4))
     budget.release_request(reader)
     assert budget.can_admit(big)  # the story is idle now: evicted for the running request
-    admit(budget, big)
+    budget.admit(big)
     assert not budget.cache.paths
     check_invariants(budget)
 
@@ -250,23 +245,22 @@ def test_random_traffic_keeps_the_books_exact() -> None:
     rng = random.Random(7)
     budget = KvBudget(max_live=6, n_cells=600, cache_paths=6, cache_cells=600)
     stories = [[BOS, *text(rng.randrange(40, 200))] for _ in range(5)]
-    running: list[Request] = []
+    running: list[tuple[Request, Grant]] = []
     for step in range(400):
         if running and (rng.random() < 0.5 or len(running) > 2):
-            request = running.pop(rng.randrange(len(running)))
-            for seq in request.branches:
+            request, grant = running.pop(rng.randrange(len(running)))
+            for seq_id in grant.seq_ids:
                 path = request.prompt + text(rng.randrange(0, 5)) if rng.random() < 0.9 else None
-                budget.release_sequence(request, seq.seq_id, path)
+                budget.release_sequence(request, seq_id, path)
             budget.release_request(request)
         else:
             story = rng.choice(stories)
             prompt = story[: rng.randrange(2, len(story) + 1)] + text(rng.randrange(1, 30))
             request = make(str(step), prompt, n=rng.randrange(1, 4), max_tokens=8)
             if budget.can_admit(request):
-                admit(budget, request)
-                running.append(request)
+                running.append((request, budget.admit(request)))
         check_invariants(budget)
-        live_ids = sum(r.n_branches for r in running)
+        live_ids = sum(r.n_branches for r, _ in running)
         assert budget.free_ids + len(budget.cache.paths) + live_ids == budget.n_seq
 
 
@@ -279,19 +273,17 @@ def test_concurrent_requests_with_one_prompt_compute_it_once() -> None:
     first, second = make("a", prompt), make("b", [*prompt, 7])
     s.add(first)
     s.add(second)
-    plan = s.schedule()
+    plan = computed(s, s.schedule())
     # Only the first computes; the second waits for it instead of duplicating the work.
     assert [(c.request.request_id, c.start, c.end) for c in plan.prefill] == [("a", 0, 64)]
-    first.n_prefilled = 64
-    plan = s.schedule()
+    plan = computed(s, s.schedule())
     assert plan.kv_ops == [KvOp(first.primary.seq_id, second.primary.seq_id, 0, 64)]
     assert [(c.request.request_id, c.start, c.end) for c in plan.prefill] == [("a", 64, 99)]
-    first.n_prefilled = 99
-    plan = s.schedule()
+    plan = computed(s, s.schedule())
     assert plan.kv_ops == [KvOp(first.primary.seq_id, second.primary.seq_id, 64, 99)]
     assert [(c.request.request_id, c.start, c.end) for c in plan.prefill] == [("a", 99, 100)]
-    first.n_prefilled = 100
-    first.status = RequestStatus.DECODING
+    assert first.status is RequestStatus.DECODING  # its prompt read: it decodes from here
+    first.primary.tokens.append(7)  # its first token, sampled from the prompt's last row
     plan = s.schedule()
     assert plan.kv_ops == [KvOp(first.primary.seq_id, second.primary.seq_id, 99, 100)]
     assert [(c.request.request_id, c.start, c.end) for c in plan.prefill] == [("b", 100, 101)]

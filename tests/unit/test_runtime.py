@@ -1,5 +1,6 @@
 """The engine thread's guard, without a model: a failing submission fails its request, and
-a dead engine thread fails every waiting reader at once and makes the server exit."""
+a dead engine thread fails every waiting reader at once and makes the server exit. The
+shutdown's state (draining, the engine's death) is the runtime's, which the server reads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
@@ -15,7 +17,10 @@ from llama_srb.engine.generation import EngineDied
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.request import Request
 from llama_srb.engine.runtime import Runtime
-from tests.unit.fake_context import bare_request
+from llama_srb.engine.stats import EngineSnapshot
+from llama_srb.engine.watch import StepWatch, Watchdog
+from llama_srb.served import Served
+from tests.unit.fake_context import FakeModel, bare_request
 
 
 class Fatal(BaseException):
@@ -103,20 +108,59 @@ def test_a_dead_engine_thread_fails_every_reader_at_once() -> None:
 
 
 def test_after_the_engine_died_the_server_refuses_work_and_exits() -> None:
+    """The runtime keeps the death (`died`), the server reads it: one owner."""
     from llama_srb.api.errors import APIError
     from llama_srb.api.shutdown import GracefulServer
 
-    async def scenario() -> tuple[APIError, bool]:
-        state = AppState(Settings())
-        state.engine_failure = "the engine stopped: Fatal: x"
+    async def scenario() -> tuple[APIError, bool, bool]:
+        loop = asyncio.get_running_loop()
+        deaths: asyncio.Queue[str] = asyncio.Queue()
+        runtime = Runtime(
+            FakeEngine(step_error=Fatal("x")),  # type: ignore[arg-type]
+            on_death=lambda why: loop.call_soon_threadsafe(deaths.put_nowait, why),
+        )
+        runtime.start()
+        state = AppState(Settings(), loaded=face(runtime))
+        before = state.engine_failure is None
+        runtime.generate(Submission(make_request()), timeout=600)
+        assert await asyncio.wait_for(deaths.get(), 10) == state.engine_failure
         with pytest.raises(APIError) as refused:
             state.ready()
         server = GracefulServer.__new__(GracefulServer)  # no socket: only on_tick is asked
         server.state = state
         exits = await server.on_tick(0)
+        runtime.stop()
         state.workers.close()
-        return refused.value, exits
+        return refused.value, exits, before
 
-    refused, exits = asyncio.run(scenario())
+    refused, exits, alive_before = asyncio.run(scenario())
+    assert alive_before
     assert refused.status == 503 and refused.code == "engine_failed"
+    assert "Fatal: x" in refused.message
     assert exits
+
+
+def test_draining_is_the_runtime_s_state_read_by_health_and_routes(
+    app_with_state: tuple[TestClient, AppState],
+) -> None:
+    client, state = app_with_state
+    assert client.get("/health").json()["status"] == "ok" and not state.draining
+    asyncio.run(state.drain())  # SIGTERM: the runtime closes, and the server says so
+    assert state.draining and state.loaded is not None and state.loaded.runtime.closing
+    health = client.get("/health")
+    assert (health.status_code, health.json()["status"]) == (503, "draining")
+    refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "top_k": 8})
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "server_shutting_down"
+
+
+def face(runtime: Runtime) -> Served:
+    """The face the API sees of a runtime over a FakeEngine (no snapshot, never stuck)."""
+    return Served(
+        model=FakeModel(),  # type: ignore[arg-type]
+        n_ctx=1024,
+        runtime=runtime,
+        snapshot=EngineSnapshot,
+        watchdog=Watchdog(StepWatch(), 0),
+        close=lambda: runtime.stop(10),
+    )

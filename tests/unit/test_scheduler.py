@@ -1,7 +1,11 @@
+"""The scheduler on its own, no context: admission, chunked prefill, the plan of a step.
+Requests change state only through the scheduler's own calls, as the engine makes them
+(add, schedule, prefilled after a decode, postprocess after sampling, end_request)."""
+
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.outputs import ChoiceDelta
 from llama_srb.engine.request import FinishReason, Request, RequestStatus
-from llama_srb.engine.scheduler import Scheduler
+from llama_srb.engine.scheduler import Scheduler, StepPlan
 from tests.unit.fake_context import bare_request
 
 
@@ -13,28 +17,42 @@ def scheduler(n_seq: int = 8, n_cells: int = 1000, n_batch: int = 64) -> Schedul
     return Scheduler(KvBudget(n_seq, n_cells), n_batch)
 
 
+def computed(s: Scheduler, plan: StepPlan) -> StepPlan:
+    """The plan's prompt chunks decoded: what the engine tells the scheduler after a step."""
+    for call in plan.calls(0):
+        s.prefilled(call)
+    return plan
+
+
+def until_decoding(s: Scheduler, request: Request, max_steps: int = 100) -> None:
+    """Step (schedule, then the chunks computed) until `request`'s prompt is read."""
+    for _ in range(max_steps):
+        if request.status is RequestStatus.DECODING:
+            return
+        computed(s, s.schedule())
+    raise AssertionError(f"{request.request_id} never finished its prompt")
+
+
 def test_long_prompt_is_prefilled_in_chunks() -> None:
     s = scheduler(n_batch=64)
     r = make("a", 150)
     s.add(r)
     spans = []
     for _ in range(4):
-        plan = s.schedule()
+        plan = computed(s, s.schedule())
         (chunk,) = plan.prefill
         spans.append((chunk.start, chunk.end))
-        r.n_prefilled = chunk.end
     # The last token goes alone, as a decode step would take it (see _chunk_limit).
     assert spans == [(0, 64), (64, 128), (128, 149), (149, 150)]
     assert plan.prefill[0].completes_prompt
+    assert r.n_prefilled == 150 and r.status is RequestStatus.DECODING
 
 
 def decoding(s: Scheduler, n: int) -> Request:
     """A request of `n` branches, admitted and past its 4-token prompt."""
     running = make("run", 4, n=n)
     s.add(running)
-    s.schedule()
-    running.n_prefilled = 4
-    running.status = RequestStatus.DECODING
+    until_decoding(s, running)
     return running
 
 

@@ -16,6 +16,7 @@ from tests.unit.fake_context import (
     make_engine,
     make_request,
 )
+from tests.unit.test_scheduler import until_decoding
 
 _clock = iter(range(1_000_000))
 
@@ -246,7 +247,8 @@ def test_a_finished_branch_returns_its_sequence_to_the_reserve_and_its_cells_lat
     s.add(tiny)
     s.add(make("short", "e", n=1, max_tokens=8))  # 12 cells
     assert admitted(s) == []  # no sequence left in the reserve
-    small.status = RequestStatus.DECODING
+    until_decoding(s, small)  # and none is admitted while the prompts are read
+    assert [r.request_id for r in s.running] == ["heavy", "small"]
     s.postprocess([(small, [ChoiceDelta(0, finish_reason=FinishReason.STOP)])])
     assert admitted(s) == ["tiny"]  # a sequence is back; 36 + 4 cells fill the reserve
     s.postprocess([(small, [ChoiceDelta(1, finish_reason=FinishReason.STOP)])])

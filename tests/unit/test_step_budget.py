@@ -4,9 +4,8 @@ and a prompt with nothing decoding beside it fills the batch. No model, no clock
 from __future__ import annotations
 
 from llama_srb.engine.pacing import MIN_CHUNK, PROBE_CHUNK, StepPacer
-from llama_srb.engine.request import RequestStatus
 from tests.unit.fake_context import Outputs, make_engine, make_request, run
-from tests.unit.test_scheduler import make, scheduler
+from tests.unit.test_scheduler import computed, make, scheduler, until_decoding
 
 
 def test_no_streams_or_no_budget_means_a_full_batch() -> None:
@@ -74,12 +73,9 @@ def test_the_scheduler_sizes_prefill_beside_streams_and_fills_the_batch_without(
     s.pacer.observe(2, 30, 0.03 + 30 * 0.006)  # 6 ms a prompt token: 20 fit in 120 ms
     alone = make("alone", 200)
     s.add(alone)
-    plan = s.schedule()
+    plan = computed(s, s.schedule())
     assert plan.prefill[0].end == 64  # nothing decodes: the whole batch
-    alone.n_prefilled = 199
-    s.schedule()
-    alone.n_prefilled = 200
-    alone.status = RequestStatus.DECODING
+    until_decoding(s, alone)
     s.add(make("late", 200))
     plan = s.schedule()
     assert len(plan.decode) == 1

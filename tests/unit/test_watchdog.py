@@ -9,8 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -22,7 +20,7 @@ from llama_srb.engine.generation import Generation
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.watch import Step, StepWatch, Watchdog
 from llama_srb.native import Batch
-from tests.unit.fake_context import FakeContext, FakeModel, make_engine, make_request
+from tests.unit.fake_context import FakeContext, FakeModel, make_engine, make_request, served
 
 
 class BlockingContext(FakeContext):
@@ -130,10 +128,8 @@ def test_health_and_metrics_report_a_stuck_engine_then_recover(
     runtime, ctx = blocked
     app = create_app(Settings(stuck_after=0.01))
     state = app.state.srb
-    loaded: Any = SimpleNamespace(engine=runtime.engine, runtime=runtime, n_ctx=1024)
-    state.loaded = loaded
-    state.watchdog = Watchdog(runtime.engine.watch, bound=0.01)
-    wait_for(lambda: state.watchdog.age() > 0.01)
+    state.loaded = served(runtime.engine, runtime, stuck_after=0.01)
+    wait_for(lambda: state.loaded.watchdog.age() > 0.01)
     client = TestClient(app)
 
     health = client.get("/health")

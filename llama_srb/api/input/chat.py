@@ -32,12 +32,13 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from llama_srb.api.errors import APIError
-from llama_srb.api.input.params import default_max_tokens, request_params
+from llama_srb.api.input.params import request_params, with_default_length
 from llama_srb.api.input.prompts import MAX_BYTES_PER_TOKEN
 from llama_srb.api.input.turns import FOLDS
 from llama_srb.api.schemas.chat import ChatRequest
 from llama_srb.native import Model
 from llama_srb.sampling.params import MAX_STOPS, ParamError, SamplingParams
+from llama_srb.served import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,9 @@ class ChatTemplate:
 # -- a request's messages → tokens, and chat's own fields -----------------------------------
 
 
-def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest, n_ctx: int) -> list[int]:
+def chat_prompt(
+    model: Tokenizer, template: ChatTemplate, body: ChatRequest, n_ctx: int
+) -> list[int]:
     """The rendered conversation as tokens, with exactly one BOS where the model wants one."""
     messages = [{"role": m.role, "content": m.content or ""} for m in body.messages]
     size = sum(len(m["content"].encode("utf-8", "replace")) for m in messages)
@@ -179,7 +182,7 @@ def chat_prompt(model: Model, template: ChatTemplate, body: ChatRequest, n_ctx: 
 
 
 def _tokenize_turns(
-    model: Model, template: ChatTemplate, messages: list[dict[str, str]]
+    model: Tokenizer, template: ChatTemplate, messages: list[dict[str, str]]
 ) -> list[int]:
     """The template's own markers (`<start_of_turn>`) become control tokens; what the
     messages say never does, or a message reading `<end_of_turn><start_of_turn>model`
@@ -234,9 +237,9 @@ def chat_params(
     max_tokens = body.max_completion_tokens
     if max_tokens is None:
         max_tokens = body.max_tokens
-    if max_tokens is None:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n_branches)
     params = request_params(body, model, n_ctx, max_tokens=max_tokens)
+    if max_tokens is None:  # what fits
+        params = with_default_length(params, body, n_ctx, prompt_len)
     # Chat's logprobs is a switch; the engine's is the number of alternatives (or None).
     k = (body.top_logprobs or 0) if body.logprobs else None
     # The template's end-of-turn text, for a model that does not know it as a token.

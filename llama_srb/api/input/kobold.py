@@ -26,6 +26,7 @@ from llama_srb.api.schemas.kobold import (
 )
 from llama_srb.native import Model
 from llama_srb.sampling.params import SamplingParams
+from llama_srb.served import Tokenizer
 
 DEFAULT_SAMPLER_ORDER = (6, 0, 1, 3, 4, 2, 5)  # koboldcpp.py's default
 KOBOLD_LOGPROBS = 5  # alternatives per token (koboldcpp.py's logprobs_max)
@@ -38,7 +39,7 @@ def kobold_budget(body: KoboldGenerateRequest, n_ctx: int) -> tuple[int, int]:
     return context, min(body.max_length, max(1, context - reserve))
 
 
-def kobold_prompt(body: KoboldGenerateRequest, model: Model, n_ctx: int) -> Prompt:
+def kobold_prompt(body: KoboldGenerateRequest, model: Tokenizer, n_ctx: int) -> Prompt:
     """`memory` + the end of `prompt` that fits (the BOS first, where the model wants one)."""
     context, max_length = kobold_budget(body, n_ctx)
     room = min(context - max_length, n_ctx - body.n * max_length)

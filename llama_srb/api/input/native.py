@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from llama_srb.api.input.params import default_max_tokens, request_params
+from llama_srb.api.input.params import request_params, with_default_length
 from llama_srb.api.schemas import dialects
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.native import Model
@@ -28,9 +28,8 @@ def native_params(
         raise ParamError("n_probs", f"n_probs must be in [0, {MAX_N_PROBS}], got {body.n_probs}")
     if body.n_predict is not None and body.n_predict < -1:
         raise ParamError("n_predict", f"n_predict must be -1 or more, got {body.n_predict}")
-    max_tokens = body.n_predict
-    if max_tokens is None or max_tokens == -1:
-        max_tokens = default_max_tokens(n_ctx, prompt_len, body.n_branches)
+    fits = body.n_predict is None or body.n_predict == -1  # what fits: sized below
+    max_tokens = None if fits else body.n_predict
     logprobs = body.n_probs if body.n_probs > 0 else None
     params = request_params(body, model, n_ctx, max_tokens=max_tokens, logprobs=logprobs)
     if body.samplers is not None:
@@ -38,4 +37,4 @@ def native_params(
         params = dataclasses.replace(
             dialects.only_samplers(params, names), sampler_order=tuple(names)
         )
-    return params
+    return with_default_length(params, body, n_ctx, prompt_len) if fits else params

@@ -12,6 +12,7 @@ with a matcher of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -20,13 +21,13 @@ from typing import Any
 from llama_srb.api.errors import APIError
 from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.engine.build import Submission, build
-from llama_srb.engine.spec import RequestSpec
-from llama_srb.loader import LoadedEngine
+from llama_srb.engine.spec import RequestSpec, branch_count
 from llama_srb.native import Model, vocab_error
 from llama_srb.sampling.constraint import ConstraintKind, ConstraintSpec, constraints_for
 from llama_srb.sampling.grammar import MAX_GRAMMAR_REPEAT
 from llama_srb.sampling.params import ParamError, SamplingParams
 from llama_srb.sampling.schema_bounds import ANY_JSON_OBJECT
+from llama_srb.served import Served, Tokenizer
 
 # Without max_tokens a reply may take what fits in the context, up to this many tokens:
 # each branch's tokens are reserved in the KV cache when its request is admitted, so an
@@ -48,7 +49,7 @@ def request_params(
     return params
 
 
-def _text_tokens(model: Model) -> Callable[[str], list[int]]:
+def _text_tokens(model: Tokenizer) -> Callable[[str], list[int]]:
     return lambda text: model.tokenize(text, add_special=False, parse_special=False)
 
 
@@ -59,10 +60,22 @@ def default_max_tokens(n_ctx: int, prompt_len: int, n_branches: int) -> int:
     return max(1, min(fits, DEFAULT_MAX_TOKENS_CAP))
 
 
+def with_default_length(
+    params: SamplingParams, body: SamplingFields, n_ctx: int, prompt_len: int
+) -> SamplingParams:
+    """`params` with the length a request that does not say gets: what fits beside the
+    prompt, shared by the branches its request will decode. Those are counted as the
+    engine counts them (engine/spec.py `branch_count`, on these very parameters: a greedy
+    request decodes one branch for all its choices)."""
+    n_branches = branch_count(body.n, body.best_of, params.deterministic)
+    max_tokens = default_max_tokens(n_ctx, prompt_len, n_branches)
+    return dataclasses.replace(params, max_tokens=max_tokens)
+
+
 # -- the engine requests --------------------------------------------------------------
 
 
-def build_all(loaded: LoadedEngine, specs: Sequence[RequestSpec]) -> list[Submission]:
+def build_all(loaded: Served, specs: Sequence[RequestSpec]) -> list[Submission]:
     """One engine request per spec, its sampler chains built (a worker thread's job); if
     any cannot be, none is kept."""
     for spec in specs:

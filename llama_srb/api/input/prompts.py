@@ -11,7 +11,7 @@ from typing import cast
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.schemas.sampling import RawPrompt
-from llama_srb.native import Model
+from llama_srb.served import Tokenizer
 
 # Bounds the native objects (sampler chains) one HTTP call can make the server build.
 MAX_PROMPTS = 256
@@ -30,7 +30,7 @@ MAX_BYTES_PER_TOKEN = 16
 
 
 def tokenize_text(
-    model: Model, text: str, n_ctx: int, param: str, add_special: bool = True
+    model: Tokenizer, text: str, n_ctx: int, param: str, add_special: bool = True
 ) -> list[int]:
     """`text` as tokens (special tokens' spellings read as those tokens), refused with a
     400 first if it is too long to fit in the context (`n_ctx` cells) whatever it holds."""
@@ -46,7 +46,7 @@ def tokenize_text(
     return model.tokenize(text, add_special, parse_special=True)
 
 
-def parse_prompts(raw: RawPrompt, model: Model, n_ctx: int) -> list[Prompt]:
+def parse_prompts(raw: RawPrompt, model: Tokenizer, n_ctx: int) -> list[Prompt]:
     """The prompts of a request, tokenized and checked (token ids must be in the vocabulary)."""
     if isinstance(raw, str):
         return [Prompt(tokenize_text(model, raw, n_ctx, "prompt"), raw)]
@@ -64,7 +64,7 @@ def parse_prompts(raw: RawPrompt, model: Model, n_ctx: int) -> list[Prompt]:
     ]
 
 
-def _token_prompt(tokens: list[int], model: Model) -> Prompt:
+def _token_prompt(tokens: list[int], model: Tokenizer) -> Prompt:
     error = model.vocab_error(tokens)
     if error is not None:
         raise APIError(400, error, param="prompt")

@@ -35,7 +35,9 @@ async def gather(
         if out.error is not None:
             raise api_error(out)
         for delta in out.choices:
-            result.choices[choice_index(position, n, delta.index)].add(delta)
+            index = choice_index(position, n, delta.index)
+            result.choices += [ChoiceSoFar(i) for i in range(len(result.choices), index + 1)]
+            result.choices[index].add(delta)
         if out.prompt_logprobs is not None:
             result.prompt_logprobs[position] = out.prompt_logprobs
         result.usage.add(position, out)

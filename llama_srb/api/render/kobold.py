@@ -49,9 +49,11 @@ class KoboldCall:
         for delta in out.choices:
             self.results[delta.index].add(delta, 0.0)
 
-    async def collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> None:
+    async def collect(self, outputs: AsyncIterator[tuple[int, RequestOutput]]) -> dict[str, Any]:
+        """The whole answer, once every output is in."""
         async for _, out in outputs:
             self._add(out)
+        return self.whole()
 
     def whole(self) -> dict[str, Any]:
         """The answer of /api/v1/generate (what was generated, if it was aborted)."""

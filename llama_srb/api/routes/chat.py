@@ -14,11 +14,13 @@ from llama_srb.api.deps import State, parsed
 from llama_srb.api.input.chat import chat_params, chat_prompt
 from llama_srb.api.input.params import build_all
 from llama_srb.api.render.chat import ChatAnswer
-from llama_srb.api.routes.generate import Prepared, respond
+from llama_srb.api.routes.generate import Prepare, Prepared, respond
 from llama_srb.api.schemas.chat import ChatCompletion, ChatRequest
+from llama_srb.api.schemas.sampling import SamplingFields
+from llama_srb.api.state import AppState
 from llama_srb.api.workers import body_spec
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.loader import LoadedEngine
+from llama_srb.served import Served
 
 router = APIRouter()
 
@@ -29,11 +31,21 @@ router = APIRouter()
 async def chat_completions(
     body: Annotated[ChatRequest, Depends(parsed(ChatRequest))], http: Request, state: State
 ) -> Response:
+    def relaunch(fork: SamplingFields, tokens: list[int] | None) -> Prepare:
+        assert isinstance(fork, ChatRequest)
+        return preparation(state, fork, tokens)
+
+    return await respond(state, http, body, 1, preparation(state, body), relaunch)
+
+
+def preparation(state: AppState, body: ChatRequest, tokens: list[int] | None = None) -> Prepare:
+    """How a chat call is prepared on a worker; with `tokens`, a fork's: the conversation
+    and the assistant's reply so far, as they were, not rendered again."""
     served = state.chat_template()
 
-    def prepare(loaded: LoadedEngine, caller: Caller) -> Prepared:
+    def prepare(loaded: Served, caller: Caller) -> Prepared:
         model = loaded.model
-        prompt = chat_prompt(model, served.get(), body, loaded.n_ctx)
+        prompt = chat_prompt(model, served.get(), body, loaded.n_ctx) if tokens is None else tokens
         params = chat_params(body, model, len(prompt), loaded.n_ctx, served.stops)
         spec = RequestSpec(
             prompt, params, body.n, body.best_of, client=caller.client, prefix="chatcmpl"
@@ -49,4 +61,4 @@ async def chat_completions(
         )
         return Prepared(submissions, answer)
 
-    return await respond(state, http, body, 1, prepare)
+    return prepare

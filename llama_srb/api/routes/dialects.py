@@ -19,63 +19,20 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.routes.tokenize import check_tokens, tokens_of
-from llama_srb.api.schemas.completions import ModelCard, ModelList
+from llama_srb.api.schemas.completions import ModelList, OobaModelInfo, TabbyModelCard
+from llama_srb.api.schemas.tokens import (
+    DecodeRequest,
+    DecodeResponse,
+    EncodeRequest,
+    EncodeResponse,
+    TokenCount,
+)
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import body_spec
-
-
-class EncodeRequest(BaseModel):
-    """TabbyAPI's (`text`) or text-generation-webui's encode body; Aphrodite's `prompt`."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    text: str | None = None
-    prompt: str | None = Field(None, description="Aphrodite's name for text")
-    add_bos_token: bool = Field(True, description="add the model's BOS token, if it wants one")
-    encode_special_tokens: bool = Field(True, description="read `<start_of_turn>` as one token")
-
-    @model_validator(mode="after")
-    def _has_text(self) -> EncodeRequest:
-        if self.text is None and self.prompt is None:
-            raise ValueError("send the text to encode as `text`")
-        return self
-
-    @property
-    def content(self) -> str:
-        return self.text if self.text is not None else self.prompt or ""
-
-
-class EncodeResponse(BaseModel):
-    tokens: list[int]
-    length: int
-
-
-class TokenCount(BaseModel):
-    length: int
-
-
-class DecodeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    tokens: list[int]
-
-
-class DecodeResponse(BaseModel):
-    text: str
-
-
-class TabbyModelCard(ModelCard):
-    parameters: dict[str, int] = Field(default_factory=dict)
-
-
-class OobaModelInfo(BaseModel):
-    model_name: str
-    lora_names: list[str] = Field(default_factory=list)
-
 
 router = APIRouter(prefix="/v1")
 

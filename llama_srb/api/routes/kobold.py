@@ -1,8 +1,8 @@
 """KoboldCpp's API: KoboldAI United's /api/v1 routes and KoboldCpp's /api/extra ones, as
 KoboldCpp 1.76 serves them (koboldcpp.py `do_GET`, `do_POST`), for KoboldAI Lite, Mikupad's
-KoboldCpp mode and the tools written against it. Same engine path as every route: the
-prompt evaluated once, its `n` results decoded together (input/kobold.py → build_all →
-submit → render/kobold.py).
+KoboldCpp mode and the tools written against it. Same engine path and skeleton as every
+generation route (routes/generate.py `respond`): the prompt evaluated once, its `n` results
+decoded together (input/kobold.py → build_all → submit → render/kobold.py).
 
 A `genkey` (KoboldAI Lite sends "KCPP" and four digits) lets /api/extra/generate/check read
 a generation's text so far and /api/extra/abort stop it. KoboldCpp stops whatever runs when
@@ -17,25 +17,25 @@ says so (`finish_reason` "abort").
 
 from __future__ import annotations
 
+import functools
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, cast
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from llama_srb.api.clients import Owner, generation_owner
+from llama_srb.api.clients import Caller, Owner, generation_owner
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.kobold import kobold_budget, kobold_params, kobold_prompt
 from llama_srb.api.input.params import build_all
 from llama_srb.api.render.kobold import KoboldCall
-from llama_srb.api.render.sse import sse_response
-from llama_srb.api.routes.generate import Prepared
+from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.routes.tokenize import tokens_of
 from llama_srb.api.schemas.kobold import (
     DEFAULT_MAX_LENGTH,
@@ -43,11 +43,11 @@ from llama_srb.api.schemas.kobold import (
     KoboldGenerateRequest,
     TokenCountRequest,
 )
-from llama_srb.api.service import check_request, submit, until_disconnect
+from llama_srb.api.service import Merged
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import body_spec
-from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.spec import RequestSpec
+from llama_srb.served import Served
 
 KOBOLDCPP_VERSION = "1.76"  # whose API this is: KoboldAI Lite turns features on by it
 KOBOLDAI_API_VERSION = "1.2.5"  # the KoboldAI United API version KoboldCpp reports
@@ -65,6 +65,39 @@ class Job:
     request_ids: list[str] = field(default_factory=list)
     call: KoboldCall | None = None
     aborted: bool = False
+
+    def submitting(self, prepared: Prepared) -> None:
+        """Its requests are built and about to go (respond's hook, on the event loop): from
+        now on /check reads its answer and /abort stops them; none goes if an abort came
+        while they were built."""
+        answer = prepared.answer
+        assert isinstance(answer, Registered)
+        self.call = answer.call
+        if self.aborted:
+            prepared.close()
+            prepared.submissions = []
+        self.request_ids = [s.request_id for s in prepared.submissions]
+
+
+@dataclass
+class Registered:
+    """A generation's answer (render/kobold.py), its genkey released once it is over."""
+
+    call: KoboldCall
+    release: Callable[[], None]
+
+    async def events(self, outputs: Merged) -> AsyncIterator[str]:
+        try:
+            async for line in self.call.events(outputs):
+                yield line
+        finally:
+            self.release()
+
+    async def collect(self, outputs: Merged) -> dict[str, Any]:
+        try:
+            return await self.call.collect(outputs)
+        finally:
+            self.release()
 
 
 class GenKeys:
@@ -172,44 +205,27 @@ def kobold_router() -> APIRouter:
                 "KoboldCpp's stream carries one text: ask /api/v1/generate for n > 1",
                 param="n",
             )
-        caller = state.caller(http)
-        loaded = check_request(state, body, 1, caller)
-        model = loaded.model
         job = Job(generation_owner(http))
         genkey = body.genkey or secrets.token_hex(16)  # 128 bits: nobody guesses it
+        release = functools.partial(genkeys.remove, genkey, job)
+
+        def prepare(loaded: Served, caller: Caller) -> Prepared:
+            model = loaded.model
+            prompt = kobold_prompt(body, model, loaded.n_ctx)
+            _, max_length = kobold_budget(body, loaded.n_ctx)
+            params = kobold_params(body, model, loaded.n_ctx, max_length)
+            call = KoboldCall(body.n, params.stop, body.trim_stop, bool(body.logprobs), model)
+            spec = RequestSpec(prompt.tokens, params, body.n, client=caller.client, prefix="kcpp")
+            return Prepared(build_all(loaded, [spec]), Registered(call, release))
+
         genkeys.add(genkey, job)  # before it is built: an abort may come that early
         try:
-
-            def prepare() -> Prepared:
-                prompt = kobold_prompt(body, model, loaded.n_ctx)
-                _, max_length = kobold_budget(body, loaded.n_ctx)
-                params = kobold_params(body, model, loaded.n_ctx, max_length)
-                call = KoboldCall(body.n, params.stop, body.trim_stop, bool(body.logprobs), model)
-                spec = RequestSpec(
-                    prompt.tokens, params, body.n, client=caller.client, prefix="kcpp"
-                )
-                return Prepared(build_all(loaded, [spec]), call)
-
-            prepared = await state.workers.run(prepare, Prepared.close)
-            call = job.call = cast(KoboldCall, prepared.answer)
-            if job.aborted:
-                prepared.close()
-                prepared.submissions = []
-            job.request_ids = [s.request_id for s in prepared.submissions]
-            outputs = submit(state, prepared.submissions, caller) if job.request_ids else _nothing()
-        except BaseException:
-            genkeys.remove(genkey, job)
-            raise
-        if stream:
-            response: Response = sse_response(
-                _registered(genkeys, genkey, job, call.events(outputs))
+            response = await respond(
+                state, http, body, 1, prepare, stream=stream, submitting=job.submitting
             )
-        else:
-            try:
-                await until_disconnect(http, call.collect(outputs))
-            finally:
-                genkeys.remove(genkey, job)
-            response = JSONResponse(call.whole())
+        except BaseException:  # refused, or failed before its answer began
+            release()
+            raise
         response.headers[GENKEY_HEADER] = genkey
         return response
 
@@ -281,20 +297,3 @@ def kobold_router() -> APIRouter:
         return JSONResponse({"value": len(ids), "ids": ids})
 
     return router
-
-
-async def _registered(
-    genkeys: GenKeys, genkey: str, job: Job, events: AsyncIterator[str]
-) -> AsyncIterator[str]:
-    """A stream's events, its genkey registered while they flow."""
-    try:
-        async for line in events:
-            yield line
-    finally:
-        genkeys.remove(genkey, job)
-
-
-async def _nothing() -> AsyncIterator[tuple[int, RequestOutput]]:
-    """The outputs of a generation aborted before it was submitted."""
-    return
-    yield

@@ -21,8 +21,8 @@ from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.workers import body_spec
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.loader import LoadedEngine
 from llama_srb.sampling.params import SamplingParams
+from llama_srb.served import Served
 
 router = APIRouter()
 
@@ -32,7 +32,7 @@ async def completion(
     http: Request,
     state: State,
 ) -> Response:
-    def prepare(loaded: LoadedEngine, caller: Caller) -> Prepared:
+    def prepare(loaded: Served, caller: Caller) -> Prepared:
         model = loaded.model
         prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
         longest = max(len(p.tokens) for p in prompts)

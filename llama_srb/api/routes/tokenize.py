@@ -8,69 +8,20 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.prompts import tokenize_text
+from llama_srb.api.schemas.tokens import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+    TokenPiece,
+)
 from llama_srb.api.workers import body_spec
-from llama_srb.loader import LoadedEngine
-
-
-class TokenizeRequest(BaseModel):
-    """llama.cpp's `{"content"}`, or vLLM's `{"model", "prompt"}` (`content` wins if both
-    are sent; `model` is not checked)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    content: str | None = None
-    prompt: str | None = Field(None, description="vLLM's name for content")
-    model: str | None = None
-    add_special: bool | None = Field(
-        None,
-        description="add the BOS token the model wants, if any (default: no; with vLLM's"
-        " `prompt`, yes)",
-    )
-    add_special_tokens: bool | None = Field(None, description="vLLM's name for add_special")
-    parse_special: bool = Field(True, description="read `<start_of_turn>` etc. as one token")
-    with_pieces: bool = Field(False, description="return each token's text beside its id")
-
-    @model_validator(mode="after")
-    def _has_text(self) -> TokenizeRequest:
-        if self.content is None and self.prompt is None:
-            raise ValueError("send the text to tokenize as `content` (or vLLM's `prompt`)")
-        return self
-
-    @property
-    def text(self) -> str:
-        return self.content if self.content is not None else self.prompt or ""
-
-    @property
-    def bos(self) -> bool:
-        for given in (self.add_special, self.add_special_tokens):
-            if given is not None:
-                return given
-        return self.content is None  # vLLM adds special tokens by default
-
-
-class TokenPiece(BaseModel):
-    id: int
-    piece: str | list[int]  # the text, or the bytes when they are not valid UTF-8 alone
-
-
-class TokenizeResponse(BaseModel):
-    tokens: list[int] | list[TokenPiece]
-    count: int  # vLLM's
-    max_model_len: int  # vLLM's: the context size
-
-
-class DetokenizeRequest(BaseModel):
-    tokens: list[int]
-
-
-class DetokenizeResponse(BaseModel):
-    content: str
-
+from llama_srb.served import Served
 
 router = APIRouter()
 
@@ -108,14 +59,14 @@ async def detokenize(
     return await state.workers.run(run)
 
 
-def tokens_of(loaded: LoadedEngine, text: str, add_special: bool, parse_special: bool) -> list[int]:
+def tokens_of(loaded: Served, text: str, add_special: bool, parse_special: bool) -> list[int]:
     """A worker's job: megabytes of text take seconds."""
     if parse_special:  # llama.cpp's special-token pass is the costly one: bounded first
         return tokenize_text(loaded.model, text, loaded.n_ctx, "content", add_special)
     return loaded.model.tokenize(text, add_special, parse_special=False)
 
 
-def check_tokens(loaded: LoadedEngine, tokens: list[int]) -> None:
+def check_tokens(loaded: Served, tokens: list[int]) -> None:
     """A 400 for an id outside the vocabulary: llama.cpp would abort the process on it."""
     error = loaded.model.vocab_error(tokens)
     if error is not None:

@@ -65,7 +65,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: Literal["stop", "length", "dropped"] | None = None
 
 
 class Completion(BaseModel):
@@ -87,3 +87,15 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# Other servers' model cards (routes/dialects.py): TabbyAPI's and text-generation-webui's.
+
+
+class TabbyModelCard(ModelCard):
+    parameters: dict[str, int] = Field(default_factory=dict)
+
+
+class OobaModelInfo(BaseModel):
+    model_name: str
+    lora_names: list[str] = Field(default_factory=list)

@@ -17,7 +17,6 @@ from pydantic import (
 )
 
 from llama_srb.api.schemas import dialects
-from llama_srb.engine.spec import branch_count
 from llama_srb.sampling.params import SamplingParams
 
 # Passed through as the client sent them. logit_bias and grammar need the vocabulary and
@@ -178,13 +177,6 @@ class SamplingFields(BaseModel):
             values["banned_regex"] = tuple(self.banned_regex)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)
-
-    @property
-    def n_branches(self) -> int:
-        """Branches each prompt decodes (engine/spec.py)."""
-        greedy = self.temperature is not None and self.temperature <= 0
-        alike = greedy and not self.choices_params and not self.distinct_openings
-        return branch_count(self.n, self.best_of, alike)
 
     @property
     def include_usage(self) -> bool:
