@@ -20,7 +20,7 @@ import pytest
 from tests.support.paths import assert_same_greedy, chat_steps, completion_steps
 from tests.support.server import RunningServer
 
-TIMEOUT = 120
+TIMEOUT = 600  # an upper bound: the machine may be busy (both cores taken)
 STORY = (
     "The lighthouse keeper of Varrow Point kept a ledger of every ship that passed. "
     "On the night of the great storm she wrote the names of seven, and then an eighth "
@@ -99,7 +99,7 @@ def test_a_fork_of_a_streaming_choice_reads_one_token_and_agrees_with_a_new_requ
 ) -> None:
     prompt = story("The eighth ship")
     parent = Stream(
-        server, "/v1/completions", {"prompt": prompt, "n": 3, "max_tokens": 160, "seed": 5}
+        server, "/v1/completions", {"prompt": prompt, "n": 3, "max_tokens": 72, "seed": 5}
     ).start()
     parent.wait_for(lambda s: s.id is not None and len(s.texts.get(1, "")) >= 40)
     assert parent.id is not None
