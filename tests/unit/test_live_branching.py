@@ -6,7 +6,9 @@ samples, so the expected tokens check the cells too)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -338,33 +340,54 @@ def test_drop_refill_steer_and_fork_at_any_step_keep_the_books(at_step: int) -> 
 
 
 def test_the_runtime_runs_a_live_action_on_the_engine_thread_and_returns_its_answer() -> None:
-    engine, _ = make_engine(n_batch=16)
+    """The actions are queued while the engine is held inside a decode (a gate on the fake
+    context), so they run, in order, between that step and the next: the request cannot
+    end first however slow the event loop is."""
+    engine, ctx = make_engine(n_batch=16)
+    gate, calls = threading.Event(), [0]
+    decode = ctx.decode
 
-    async def scenario() -> tuple[int | None, dict[int, str | None], int]:
+    def gated(batch: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 8:  # a few steps into decoding
+            assert gate.wait(30), "the test never opened the gate"
+        decode(batch)
+
+    ctx.decode = gated  # type: ignore[method-assign]
+
+    async def scenario() -> tuple[list[object], dict[int, str]]:
         runtime = Runtime(engine)
         runtime.start()
         try:
             generation = runtime.generate(
                 Submission(make_request("p", PROMPT, n=2, max_tokens=300))
             )
-            reasons: dict[int, str | None] = {}
-            tokens = 0
-            refilled = None
-            async for output in generation:
-                tokens += sum(len(c.token_ids) for c in output.choices)
+            reasons: dict[int, str] = {}
+            outputs = [await anext(generation)]
+            while calls[0] < 8:  # the engine runs on to the gate and waits there
+                await asyncio.sleep(0.01)
+            actions = [
+                runtime.drop("p", 0, Built(fresh_branch(rank=1))),
+                runtime.steer("p", 0, None, [3]),  # dropped just before: refused
+                runtime.drop("p", 1, None),
+                runtime.drop("p", 2, None),  # the refill
+            ]
+            tasks = [asyncio.ensure_future(action) for action in actions]
+            await asyncio.sleep(0.05)  # each task hands its work to the engine thread
+            gate.set()
+            answers = await asyncio.gather(*tasks, return_exceptions=True)
+            outputs += [output async for output in generation]
+            for output in outputs:
                 for choice in output.choices:
                     if choice.finish_reason is not None:
                         reasons[choice.index] = choice.finish_reason
-                if tokens >= 10 and refilled is None:
-                    refilled = await runtime.drop("p", 0, Built(fresh_branch(rank=1)))
-                    with pytest.raises(LiveRefused):
-                        await runtime.steer("p", 0, None, [3])
-                    await runtime.drop("p", 1, None)
-                    await runtime.drop("p", refilled, None)
-            return refilled, reasons, tokens
+            return answers, reasons
         finally:
+            gate.set()
             runtime.stop()
 
-    refilled, reasons, _ = asyncio.run(scenario())
-    assert refilled == 2 and reasons == {0: "dropped", 1: "dropped", 2: "dropped"}
+    answers, reasons = asyncio.run(scenario())
+    assert answers[0] == 2 and isinstance(answers[1], LiveRefused)
+    assert answers[2] is None and answers[3] is None
+    assert reasons == {0: "dropped", 1: "dropped", 2: "dropped"}
     assert books_empty(engine)
