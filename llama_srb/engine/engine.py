@@ -42,6 +42,9 @@ Sampled = dict[int, tuple[Request, list[ChoiceDelta]]]  # by id(request), in pla
 # costs as much as a tenth of a one-branch step. A step that admits or ends a request, finds
 # another one queued, or leaves nothing running, publishes at once.
 SNAPSHOT_SECONDS = 0.05
+# A call without constrained rows: no masks, and no future made for them on every step.
+NO_MASKS: Future[dict[int, Bitmask]] = Future()
+NO_MASKS.set_result({})
 
 
 class Engine:
@@ -390,9 +393,7 @@ class Engine:
             if branch.sampler is not None and branch.sampler.matcher is not None
         }
         if not matchers:
-            done: Future[dict[int, Bitmask]] = Future()
-            done.set_result({})
-            return done
+            return NO_MASKS
 
         def fill() -> dict[int, Bitmask]:
             rows = self._masks.fill(list(matchers.values())).copy()

@@ -98,3 +98,17 @@ def test_a_fork_point_past_the_text_is_a_400_naming_at() -> None:
     with pytest.raises(APIError) as past:
         fork_point(WordModel(), [10], "The", 4)  # type: ignore[arg-type]
     assert past.value.status == 400 and past.value.param == "at"
+
+
+def test_a_page_of_another_origin_cannot_reach_the_live_routes(client: Any) -> None:
+    """The origin gate (api/origins.py) refuses another site's page before the route runs;
+    without a page (curl, an SDK) an unknown call is simply not found."""
+    for method, path in (
+        ("POST", "/v1/completions/cmpl-x/choices/0/fork"),
+        ("DELETE", "/v1/chat/completions/cmpl-x/choices/0"),
+        ("PATCH", "/v1/completions/cmpl-x/choices/0"),
+    ):
+        page = client.request(method, path, json={}, headers={"Origin": "https://evil.example"})
+        assert page.status_code == 403, (method, path, page.text)
+        plain = client.request(method, path, json={"temperature": 1})
+        assert plain.status_code == 404 and plain.json()["error"]["code"] == "completion_not_found"
