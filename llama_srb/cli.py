@@ -31,7 +31,7 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
 
 # Other spellings of a flag: `--n` is what the tool this server replaces called --max-n.
 FLAG_ALIASES: dict[str, tuple[str, ...]] = {"max_n": ("--n",)}
-REPEATABLE = {"api_key"}  # flags given once per value
+REPEATABLE = {"api_key", "model"}  # flags given once per value
 
 
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +64,16 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     given = {k: v for k, v in vars(args).items() if k in Settings.model_fields and v is not None}
+    if "model" in given:  # a repeated --model: the first is the default, the rest on demand
+        first, *more = given["model"]
+        given["model"] = first
+        if more:
+            given["models"] = more + _comma_list(given.get("models"))
     return Settings(**given)
+
+
+def _comma_list(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -104,6 +104,36 @@ class Settings(BaseSettings):
     alias: str | None = Field(
         None, description="model name reported by /v1/models and accepted in requests"
     )
+    # NoDecode: the environment gives a comma list, as the flag does, not JSON
+    models: Annotated[list[str] | None, NoDecode] = Field(
+        None,
+        description="more models to serve on demand besides --model: bundled names or GGUF"
+        " files (repeat --model, or comma-separate here); a request names one in `model`",
+    )
+    models_dir: Path | None = Field(
+        None,
+        description="a folder of GGUF files, each a model served on demand under its file's stem",
+    )
+    models_max: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="models loaded at once; loading one more unloads the least recently"
+        " used once its requests end (its cached stories go to the disk tier)",
+    )
+    sleep_idle_seconds: float = Field(
+        0,
+        ge=0,
+        description="unload a model idle this long, keeping its stories on disk; the next"
+        " request loads it again (0: never)",
+    )
+    unload_grace: float = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="seconds a model being unloaded for another gives its running requests"
+        " to finish; those still running then end with error `model_unloaded`",
+    )
     chat_template: FilePath | None = Field(
         None,
         description="Jinja chat template file for /v1/chat/completions; default: the model's"
@@ -450,6 +480,27 @@ class Settings(BaseSettings):
                 " is then on) or set it on, or keep cache_type_v at f16, bf16 or f32"
             )
         return self
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_list(cls, value: object) -> object:
+        if isinstance(value, str):  # the environment's comma list
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    @field_validator("models")
+    @classmethod
+    def _models_known(cls, value: list[str] | None) -> list[str] | None:
+        for each in value or []:
+            cls._model_known(each)
+        return value
+
+    @field_validator("models_dir")
+    @classmethod
+    def _models_dir_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"models_dir {str(value)!r} is not a folder")
+        return value
 
     @field_validator("model")
     @classmethod

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llama_srb.engine.build import Built, Submission
-from llama_srb.engine.generation import Generation
+from llama_srb.engine.generation import Generation, Interrupted
 from llama_srb.engine.stats import EngineSnapshot
 from llama_srb.engine.watch import Watchdog
 from llama_srb.native import Model
@@ -88,7 +88,14 @@ class Doorway(Protocol):
         self, request_id: str, index: int, sampler: Built[BranchSampler] | None, append: list[int]
     ) -> None: ...
 
-    async def drain(self, grace: float) -> None: ...
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet ended."""
+        ...
+
+    async def drain(
+        self, grace: float, ending: Callable[[float], Interrupted] | None = None
+    ) -> None: ...
 
     def hurry(self) -> None: ...
 

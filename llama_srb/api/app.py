@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse, Response
@@ -19,8 +20,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llama_srb.api.deps import State
 from llama_srb.api.errors import install_error_handlers
-from llama_srb.api.metrics import ConnectionsCollector, EngineCollector, WatchdogCollector
+from llama_srb.api.metrics import (
+    ConnectionsCollector,
+    EngineCollector,
+    ModelsCollector,
+    WatchdogCollector,
+)
 from llama_srb.api.middleware import install_middleware
+from llama_srb.api.models import Loader
 from llama_srb.api.routes import (
     chat,
     completions,
@@ -45,19 +52,23 @@ from llama_srb.api.schemas.tokens import (
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import document_bodies
 from llama_srb.config import Settings
+from llama_srb.served import Served
 from llama_srb.stories.owners import Handover
 from llama_srb.stories.schema import Duplicate, StoryDraft, StoryPatch
 
+T = TypeVar("T")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
-def create_app(settings: Settings) -> FastAPI:
-    state = AppState(settings)
+def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
+    """The app; `loader` loads a model (default: from its file; the unit tests' over a
+    fake engine)."""
+    state = AppState(settings, loader=loader)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.open_stories()
-        loader = asyncio.create_task(state.load())
+        loader = asyncio.create_task(state.run())
         try:
             yield
         finally:
@@ -75,9 +86,11 @@ def create_app(settings: Settings) -> FastAPI:
     async def health(state: State) -> JSONResponse:
         if state.engine_failure is not None:  # the process is about to exit
             return JSONResponse({"status": "error", "error": state.engine_failure}, 503)
-        if state.loaded is None:
-            status = "error" if state.load_error else "loading"
-            return JSONResponse({"status": status, "error": state.load_error}, status_code=503)
+        models = state.models
+        if not models.loaded() and not models.default.loads:  # the first load: not serving yet
+            error = models.default.error
+            body: dict[str, object] = {"status": "error" if error else "loading", "error": error}
+            return JSONResponse(body, status_code=503)
         step = state.stuck()
         if step is not None:  # a liveness probe restarts the replica
             error = (
@@ -88,22 +101,29 @@ def create_app(settings: Settings) -> FastAPI:
             return JSONResponse(body, status_code=503)
         if state.draining:  # tell load balancers to stop sending work here
             return JSONResponse({"status": "draining"}, status_code=503)
-        return JSONResponse({"status": "ok", "model": state.settings.model_name})
+        # Models load on demand: one sleeping or loading is still served (api/models.py).
+        states = {slot.name: slot.state.value for slot in models.slots}
+        return JSONResponse({"status": "ok", "model": models.current().name, "models": states})
 
     registry = state.metrics.registry
-    registry.register(EngineCollector(lambda: state.loaded.snapshot() if state.loaded else None))
-    registry.register(WatchdogCollector(lambda: state.loaded.watchdog if state.loaded else None))
+    registry.register(EngineCollector(lambda: _current(state, lambda s: s.snapshot())))
+    registry.register(WatchdogCollector(lambda: _current(state, lambda s: s.watchdog)))
     registry.register(ConnectionsCollector(state.connections))
+    registry.register(
+        ModelsCollector(lambda: [(s.name, s.state.value, s.loads) for s in state.models.slots])
+    )
 
     @app.get("/metrics")
     async def metrics(state: State) -> Response:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     v1 = APIRouter(prefix="/v1")
-    routers = (models, completions, chat, live, tokenize, stories)
+    routers = (completions, chat, live, tokenize, stories)
     for router in (module.router for module in routers):
         v1.include_router(router)
     app.include_router(v1)
+    # The models, in OpenAI's, llama.cpp router's and TabbyAPI's shapes (/v1/models, ...).
+    app.include_router(models.router)
     # llama.cpp's server has /tokenize and /detokenize at the root: tools call them there,
     # and its own completion API (/completion, /props).
     app.include_router(tokenize.router)
@@ -133,3 +153,9 @@ def create_app(settings: Settings) -> FastAPI:
     # The browser UI: static files, no build step; mounted last so API routes win.
     app.mount("/", StaticFiles(directory=WEB_DIR, html=True), name="web")
     return app
+
+
+def _current(state: AppState, read: Callable[[Served], T]) -> T | None:
+    """What the metrics read of the engine of the model used last, if one is loaded."""
+    slot = state.models.current()
+    return read(slot.served) if slot.served is not None else None

@@ -1,4 +1,5 @@
-"""API keys: `Authorization: Bearer <key>` on everything but /health, /metrics and the UI.
+"""API keys: `Authorization: Bearer <key>` (or TabbyAPI's `x-api-key` / `x-admin-key`) on
+everything but /health, /metrics and the UI.
 
 Checked in ASGI middleware, before a byte of the body is read or parsed: a client without
 a key learns nothing but that it needs one (not whether its JSON was valid). The matched
@@ -69,9 +70,11 @@ class ApiKeys:
     def identify(self, scope: Scope) -> tuple[str, bool] | None:
         """The label of the request's bearer key and whether it is an admin's, if it is
         one of ours."""
-        header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        scheme, _, token = header.partition(b" ")
-        matched = self._match(token.strip()) if scheme.lower() == b"bearer" else -1
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() != b"bearer":  # TabbyAPI's clients' headers (SillyTavern sends both)
+            token = headers.get(b"x-api-key") or headers.get(b"x-admin-key") or b""
+        matched = self._match(token.strip()) if token else -1
         return (self.labels[matched], self.admins[matched]) if matched >= 0 else None
 
 

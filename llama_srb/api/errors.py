@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llama_srb.engine.generation import EngineDied, Interrupted, RequestTimedOut
+from llama_srb.engine.generation import EngineDied, Interrupted, RequestTimedOut, Unloaded
 from llama_srb.engine.outputs import LiveRefused, RequestOutput
 from llama_srb.sampling.params import ParamError
 
@@ -116,10 +116,14 @@ def _output_error(out: RequestOutput) -> APIError:
 
 
 def _interrupted_error(exc: Interrupted) -> APIError:
-    """A request the runtime ended (timeout: 504, shutdown or engine gone: 503)."""
+    """A request the runtime ended (timeout: 504; shutdown, its model unloaded or the
+    engine gone: 503)."""
     if isinstance(exc, RequestTimedOut):
         return APIError(504, str(exc), code="request_timeout")
-    code = "engine_failed" if isinstance(exc, EngineDied) else "server_shutting_down"
+    if isinstance(exc, Unloaded):
+        code = "model_unloaded"
+    else:
+        code = "engine_failed" if isinstance(exc, EngineDied) else "server_shutting_down"
     return APIError(503, str(exc), code=code)
 
 

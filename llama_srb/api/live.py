@@ -33,6 +33,7 @@ Relaunch = Callable[[SamplingFields, list[int] | None], Any]
 class LiveCall:
     response_id: str
     client: str
+    model: str  # the model it runs on (api/models.py): its forks, drops and steers too
     body: SamplingFields
     relaunch: Relaunch
     specs: list[RequestSpec]  # one per prompt position

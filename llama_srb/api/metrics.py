@@ -100,6 +100,12 @@ class EngineCollector(Collector):
         yield CounterMetricFamily(
             "llama_srb_generated_tokens", "Tokens sampled", value=stats.generated_tokens
         )
+        yield CounterMetricFamily(
+            "llama_srb_logits_bytes_read",
+            "Bytes of logits the host read out of llama.cpp's output to sample and score"
+            " (a whole row per row read; divide by generated tokens for bytes per branch-step)",
+            value=stats.logits_bytes_read,
+        )
         yield _histogram(
             "llama_srb_decode_step_seconds",
             "Duration of each llama_decode call (a step makes one or more: --tokens-per-call)",
@@ -267,3 +273,24 @@ class ConnectionsCollector(Collector):
         for reason in CUT_REASONS:
             cut.add_metric([reason], connections.cut[reason])
         yield cut
+
+
+class ModelsCollector(Collector):
+    """Each model's state and loads (api/models.py); the engine's own samples above are
+    those of the model used last."""
+
+    def __init__(self, states: Callable[[], list[tuple[str, str, int]]]) -> None:
+        self._states = states  # (name, state, loads so far) of every model
+
+    def collect(self) -> Iterator[Metric]:
+        state = GaugeMetricFamily(
+            "llama_srb_model_state", "1 for each model's state", labels=["model", "state"]
+        )
+        loads = CounterMetricFamily(
+            "llama_srb_model_loads", "Loads of each model since the start", labels=["model"]
+        )
+        for name, now, count in self._states():
+            state.add_metric([name, now], 1)
+            loads.add_metric([name], count)
+        yield state
+        yield loads

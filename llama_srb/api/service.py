@@ -90,18 +90,13 @@ def _refuse_if_stuck(state: AppState) -> None:
         )
 
 
-def check_request(state: AppState, body: SamplingFields, n_prompts: int, caller: Caller) -> Served:
-    """The cheap checks, on the event loop before anything is built: the model name, `n`,
-    and room in the queue (the server's and the caller's) for all `n_prompts` prompts of
-    the request at once."""
-    settings, loaded = state.settings, state.ready()
-    if body.model and body.model != settings.model_name:
-        raise APIError(
-            404,
-            f"model `{body.model}` is not served here; this server serves `{settings.model_name}`",
-            param="model",
-            code="model_not_found",
-        )
+def check_request(
+    state: AppState, loaded: Served, body: SamplingFields, n_prompts: int, caller: Caller
+) -> Served:
+    """The cheap checks, on the event loop before anything is built (the model is
+    `loaded`, the one the request names: api/models.py): `n`, and room in the queue (the
+    server's and the caller's) for all `n_prompts` prompts of the request at once."""
+    settings = state.settings
     if not 1 <= body.n <= settings.max_n:
         raise APIError(400, f"n must be between 1 and {settings.max_n}, got {body.n}", param="n")
     _check_best_of(body, settings.max_n)
@@ -135,6 +130,7 @@ Merged = AsyncIterator[tuple[int, RequestOutput]]  # a call's outputs, by prompt
 
 def submit(
     state: AppState,
+    loaded: Served,
     submissions: Sequence[Submission],
     caller: Caller | None = None,
     live: LiveCall | None = None,
@@ -143,7 +139,7 @@ def submit(
     once): their outputs as one stream, each tagged with its request's position in
     `submissions` and logged on its way (RequestLog); with `live`, recorded for live
     branching too (api/live.py)."""
-    settings, loaded = state.settings, state.ready()
+    settings = state.settings
     timeout = settings.request_timeout or None
     records = [RequestRecord(s.request_id, s.spec) for s in submissions]
     generations = [loaded.runtime.generate(s, timeout=timeout) for s in submissions]

@@ -4,7 +4,8 @@ Single-threaded by design: only the engine thread (runtime.py) calls into it. Ev
 that can end a request (`step`, `add`, `abort`, `fail`, `fail_all`) returns the outputs it
 produced; the runtime delivers them to their readers. Who writes what: the scheduler every
 status and KV grant (engine/scheduler.py), the branch step every branch's tokens and text
-(engine/branch_step.py), this module the counters; every change to llama.cpp's KV cache
+(engine/branch_step.py), called by the sampling stage that reads each call's rows
+(engine/sampling_stage.py), this module the counters; every change to llama.cpp's KV cache
 comes back from them as KvOps, applied here.
 """
 
@@ -16,23 +17,19 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import numpy as np
-import numpy.typing as npt
-
-from llama_srb.engine.branch_step import BranchStep, scores_of
+from llama_srb.engine.branch_step import BranchStep
 from llama_srb.engine.context import DecodeContext, Vocabulary
 from llama_srb.engine.kv import KvBudget, KvOp, KvRestore, KvSave, Shortage
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason, LiveRefused, RequestOutput
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus, Sampler
+from llama_srb.engine.sampling_stage import SamplingStage
 from llama_srb.engine.scheduler import DecodeCall, PrefillChunk, Scheduler, StepPlan
 from llama_srb.engine.share import ShareRules
 from llama_srb.engine.stats import EngineSnapshot, EngineStats
 from llama_srb.engine.tier_io import TierIO
 from llama_srb.engine.watch import StepWatch
 from llama_srb.native import Batch, DecodeError
-from llama_srb.sampling.cut import Row
-from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.masks import Bitmask, MaskBatch
 
 log = logging.getLogger(__name__)
@@ -74,6 +71,7 @@ class Engine:
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="llama-srb-masks")
         self.branch_step = BranchStep(model.eog_tokens, self._masks)
+        self.sampling = SamplingStage(ctx, self.branch_step, self.stats)
         self.tier_io = TierIO(ctx, budget.tiers, self.stats)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
@@ -120,7 +118,7 @@ class Engine:
 
     # -- live branching: a writer acts on one branch of a running request ---------------
     # A fork is no action here: it is a new request whose prompt is the branch's text, and
-    # the scheduler forks the branch's cells into it (Scheduler._share_live_prefix).
+    # admission forks the branch's cells into it (the prefix index: engine/prefix_index.py).
 
     def drop(
         self, request_id: str, index: int, refill: Branch | None = None
@@ -235,9 +233,11 @@ class Engine:
                 continue
             seconds += elapsed
             self._apply(self.scheduler.prefilled(call))
-            broken, rewinds = self._sample(call, chunk_rows, sampled, masks.result())
-            self._apply(rewinds)
-            for request, error in broken:
+            drew = self.sampling.run(call, chunk_rows, masks.result())
+            for request, delta in drew.deltas:
+                sampled.setdefault(id(request), (request, []))[1].append(delta)
+            self._apply(drew.rewinds)
+            for request, error in drew.broken:
                 failed += self.fail([request], error, refused=True)
             progress += [self._progress(c) for c in call.prefill if not c.completes_prompt]
         self.stats.steps += 1
@@ -320,66 +320,7 @@ class Engine:
             if output.finished:
                 self._last_output_at.pop(output.request_id, None)
 
-    # -- sampling a call's rows ----------------------------------------------------------
-
-    def _sample(
-        self,
-        call: DecodeCall,
-        chunk_rows: list[int],
-        sampled: Sampled,
-        masks: dict[int, Bitmask],
-    ) -> tuple[list[tuple[Request, str]], list[KvOp]]:
-        """Every branch with logits in this call samples its next token; per request, in
-        plan order, the deltas of its branches join `sampled`. Each row is read into its
-        column maxima (sampling/cut.py) just before its branches sample from it, while
-        it is in the core's cache for the columns they read next; the grammars' `masks`
-        were computed while the call was decoded (`_start_masks`). Returns the requests
-        whose grammar failed (a limit of its work per token), to end with their error, and
-        the KV changes the branches' rewinds need."""
-        logits = self.ctx.logits()
-        if not len(logits):
-            return [], []
-        forks = [
-            (chunk.request, last)
-            for chunk, last in zip(call.prefill, chunk_rows, strict=True)
-            if chunk.completes_prompt
-        ]
-        broken = self._broken(masks)
-        rewinds: list[KvOp] = []
-        step = self.branch_step
-
-        def next_delta(
-            request: Request,
-            branch: Branch,
-            row: Row,
-            scores: RowScores | None,
-            taken: set[int] | None,
-        ) -> None:
-            delta, ops = step.next(request, branch, row, scores, taken, masks.get(id(branch)))
-            sampled.setdefault(id(request), (request, []))[1].append(delta)
-            rewinds.extend(ops)
-
-        for chunk, last in zip(call.prefill, chunk_rows, strict=True):
-            if chunk.request.prompt_logprobs:
-                self._score_prompt(chunk, logits, last)
-        for request, last in forks:  # every branch samples from the prompt's last row
-            if id(request) in broken:
-                continue
-            self.stats.prompt_tokens_cached += request.n_cached
-            row = Row(logits[last])
-            if len(request.branches) > 1:
-                row.read_maxima()  # once for them all, not once per branch's patch
-            step.fork(request, row)
-            scores = scores_of(request, row)
-            # distinct_openings: each branch's first token is one no earlier one drew
-            taken: set[int] | None = set() if request.params.distinct_openings else None
-            for branch in request.live:
-                next_delta(request, branch, row, scores, taken)
-        for i, (request, branch) in enumerate(call.decode):
-            if id(request) not in broken:
-                row = Row(logits[i])
-                next_delta(request, branch, row, scores_of(request, row), None)
-        return list(broken.values()), rewinds
+    # -- the grammars' masks, computed while llama_decode runs ---------------------------
 
     def _start_masks(self, call: DecodeCall) -> Future[dict[int, Bitmask]]:
         """The next tokens each constrained branch of this call's rows may take, by branch:
@@ -400,32 +341,6 @@ class Engine:
             return dict(zip(matchers, rows, strict=True))
 
         return self._mask_worker.submit(fill)
-
-    def _broken(self, masks: dict[int, Bitmask]) -> dict[int, tuple[Request, str]]:
-        """The requests one of whose branches' grammar went past a limit just now."""
-        broken: dict[int, tuple[Request, str]] = {}
-        if not masks:  # no grammar ran
-            return broken
-        for request in self.scheduler.running:
-            for branch in request.live:
-                matcher = branch.sampler.matcher if branch.sampler is not None else None
-                if id(branch) in masks and matcher is not None and matcher.error:
-                    broken[id(request)] = (request, f"the grammar cannot go on: {matcher.error}")
-        return broken
-
-    @staticmethod
-    def _score_prompt(chunk: PrefillChunk, logits: npt.NDArray[np.float32], last: int) -> None:
-        """echo + logprobs: score each prompt token from the logits of the one before it."""
-        request = chunk.request
-        scores = request.prompt_scores
-        # Position 0 has nothing before it; positions shared from another sequence were
-        # not computed here, so they have no logits either.
-        scores.extend([None] * (chunk.start + 1 - len(scores)))
-        first = last - (chunk.end - chunk.start - 1)  # the output row of chunk.start
-        k = request.params.logprobs or 0
-        for pos in range(chunk.start + 1, min(chunk.end + 1, request.prompt_len)):
-            row = Row(logits[first + pos - 1 - chunk.start])
-            scores.append(RowScores(row, k).entry(request.prompt[pos]))
 
     # -- outputs -----------------------------------------------------------------------
 

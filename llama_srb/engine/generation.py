@@ -27,6 +27,10 @@ class ShuttingDown(Interrupted):
     """The server is shutting down."""
 
 
+class Unloaded(Interrupted):
+    """Its model was unloaded for another before it ended (--unload-grace over)."""
+
+
 class EngineDied(Interrupted):
     """The engine thread is gone."""
 

@@ -15,11 +15,15 @@ The policy (its numbers are in docs/benchmarks.md, "Prefix cache"):
 - Every cell that running requests do not need may hold cached paths: an idle cell costs
   a decode step far less than re-reading a story costs. A running request always wins:
   admission evicts the least recently used paths until it fits.
-- A request forks from the cache only when the shared prefix is worth it
-  (`MIN_SHARED_TOKENS`): a match on the BOS token alone would pin a long path for nothing.
+- Where a prompt forks from (a cached path, a tier entry, a running request's
+  sequence) is the prefix index's answer (engine/prefix_index.py): one lookup, one set of
+  rules (`MIN_SHARED_TOKENS`: a match on the BOS token alone would pin a long path for
+  nothing). A request reserves only the cells it adds: cells forked from a running
+  request are its lender's to count, so the lender's cells stay until its borrowers end.
 - A request's finished branches keep their cells (and the room they filled; the rest is
-  freed at once) until the whole request ends; then they are parked together. So the
-  counts stay exact, and parking never evicts what it parks.
+  freed at once) until the whole request ends (and nothing running borrows its cells);
+  then they are parked together. So the counts stay exact, and parking never evicts what
+  it parks.
 - With lower tiers (engine/tiers.py), an evicted path is saved there first (`KvSave`), and
   a prompt whose longest cached prefix sits there gets it back (`KvRestore`) into its own
   first sequence: those cells are the request's own, reserved like computed ones, so a
@@ -37,21 +41,21 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
-
-from llama_srb.engine.request import Request
+from llama_srb.engine.prefix_index import (
+    MIN_SHARED_TOKENS,
+    NO_SOURCE,
+    CachedPath,
+    PrefixIndex,
+    Reservation,
+    Source,
+    Tokens,
+    as_tokens,
+    common_prefix,
+)
+from llama_srb.engine.request import Request, RequestStatus
 from llama_srb.engine.tiers import TierEntry, TierStore
 
-# Shorter shared prefixes are computed again rather than forked: they save a few ms of
-# prefill, and forking would pin the whole cached path for as long as the request runs.
-MIN_SHARED_TOKENS = 32
-
-Tokens = npt.NDArray[np.int32]
-
-
-def as_tokens(tokens: Sequence[int]) -> Tokens:
-    return np.asarray(tokens, dtype=np.int32)
+__all__ = ["MIN_SHARED_TOKENS", "NO_SOURCE", "Source", "as_tokens", "common_prefix"]
 
 
 @dataclass(frozen=True)
@@ -91,25 +95,6 @@ class KvRestore(KvOp):
     entry: TierEntry | None = None
 
 
-def common_prefix(a: Sequence[int] | Tokens, b: Sequence[int] | Tokens) -> int:
-    """Length of the longest common prefix. Token arrays compare in one numpy pass; lists
-    by a binary search over slice compares (both run in C)."""
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        m = min(len(a), len(b))
-        mismatches = np.flatnonzero(a[:m] != b[:m])
-        return int(mismatches[0]) if mismatches.size else m
-    lo, hi = 0, min(len(a), len(b))
-    if a[:hi] == b[:hi]:
-        return hi
-    while lo < hi:  # invariant: a[:lo] == b[:lo] and a[:hi + 1] != b[:hi + 1]
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 class Shortage(enum.Enum):
     """What a request that cannot be admitted lacks."""
 
@@ -120,59 +105,12 @@ class Shortage(enum.Enum):
 @dataclass(frozen=True)
 class Grant:
     """What admitting a request gave it: a sequence id per branch, in order, and the
-    prompt tokens forked from a cached path into its first branch (by `ops`)."""
+    prompt tokens forked into its first branch (by `ops`) from `source`."""
 
     seq_ids: tuple[int, ...]
     forked: int
     ops: tuple[KvOp, ...]
-
-
-@dataclass(frozen=True)
-class Match:
-    """Where a prompt's cached prefix comes from: `shared` tokens forked from a live path
-    (`source`), or restored from a tier `entry`, or none (both None)."""
-
-    source: CachedPath | None = None
-    shared: int = 0
-    entry: TierEntry | None = None
-
-
-NO_MATCH = Match()
-
-
-@dataclass(eq=False)
-class CachedPath:
-    """A token path whose KV cells (positions 0..len-1) a parked branch id keeps alive."""
-
-    seq_id: int
-    tokens: Tokens
-    last_used: int
-    pins: int = 0  # live requests that forked from it and counted on its cells
-    floor: int = 0  # forks from it share at least this many tokens (sliding-window layers)
-    prompt_len: int = 0  # the prompt of the request that left it (where swipes fork)
-    # Common prefix length with every other cached path, by branch id: computed once, at park.
-    shared: dict[int, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def own_cells(self) -> int:
-        """Cells no other cached path shares: what evicting this path frees."""
-        return len(self) - max(self.shared.values(), default=0)
-
-
-@dataclass
-class Reservation:
-    """What a running request holds beyond its live branches' branch ids."""
-
-    prompt_cells: int  # prompt cells this request computes itself
-    source: CachedPath | None = None  # the cached path it forked from, pinned until it ends
-    floor: int = 0  # forks from its cells share at least this many tokens
-    restored: TierEntry | None = None  # the tier entry its first sequence was loaded from
-    # Finished branches, (branch id, tokens its cells hold): parked when the request ends, so
-    # that its reservation still counts their cells until then.
-    finished: list[tuple[int, list[int]]] = field(default_factory=list)
+    source: Source = NO_SOURCE
 
 
 @dataclass
@@ -215,20 +153,6 @@ class PrefixCache:
     def idle_cells(self) -> int:
         """Cells that only unpinned paths hold: what evicting all of them would free."""
         return self._cells - self.pinned_cells()
-
-    def longest(self, tokens: Tokens, limit: int | None = None) -> tuple[CachedPath | None, int]:
-        """The path sharing the longest prefix with `tokens` (at most `limit` of them) that
-        may be forked that far; of equal ones, the shortest (pinning it holds the fewest
-        cells)."""
-        best, best_len = None, 0
-        for path in self.paths:
-            n = common_prefix(tokens, path.tokens)
-            n = n if limit is None else min(n, limit)
-            if n < path.floor:
-                continue
-            if n > best_len or (n == best_len and best is not None and len(path) < len(best)):
-                best, best_len = path, n
-        return best, best_len
 
     def touch(self, path: CachedPath) -> None:
         path.last_used = next(self._clock)
@@ -324,10 +248,17 @@ class KvBudget:
     """Sequence ids and KV cells, shared by live requests and the prefix cache.
 
     A request reserves the prompt cells it must compute (its prompt minus the prefix it
-    forks from a cached path, which stays pinned while it runs) plus `max_tokens` cells
-    per branch, until it ends. Then, with the cache on, its branches' cells are parked as
-    cached paths. A running request always wins: admission evicts cached paths (least
-    recently used first) until it fits.
+    forks: from a cached path, which stays pinned while it runs, or from a running
+    request's sequence, whose cells that request counts) plus `max_tokens` cells per
+    branch, until it ends. Then, with the cache on, its branches' cells are parked as
+    cached paths. Cells forked from a running request are a loan, counted by the lender
+    only: requests joined by loans keep their reservations until all of them have ended,
+    then are parked together, lenders first, so that the cells they share are counted
+    once. A running request always wins: admission evicts cached paths (least recently
+    used first) until it fits.
+
+    The one writer of the prefix index (engine/prefix_index.py): the running requests'
+    reservations are registered there, cached paths and tier entries read from here.
     """
 
     def __init__(
@@ -344,17 +275,27 @@ class KvBudget:
         self.n_cells = n_cells
         self.tiers = tiers if tiers is not None and tiers.enabled and cache_cells > 0 else None
         self.cache = PrefixCache(min(cache_cells, n_cells), save_evicted=self.tiers is not None)
+        self.index = PrefixIndex(self.cache, self.tiers, n_cells)
         self._free_ids = list(range(self.n_seq - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self.live = 0  # live sequences
         self.cells_reserved = 0
-        self._running: dict[Request, Reservation] = {}
-        # Per waiting request, its match as of one generation of the cache and the tiers.
-        self._matches: dict[Request, Match] = {}
-        self._matches_of = (-1, -1)  # the generations they are of
 
     @property
     def free_ids(self) -> int:
         return len(self._free_ids)
+
+    def idle_seq_ids(self) -> list[int]:
+        """The sequence ids nothing holds now."""
+        return list(self._free_ids)
+
+    def kept_paths(self) -> list[tuple[int, list[int]]]:
+        """The ended branches whose cells a reservation still holds (its request runs, or a
+        running request borrows its cells), as (sequence id, the tokens its cells hold)."""
+        return [path for r in self.index.live.values() for path in r.finished]
+
+    def sources(self) -> list[Source]:
+        """What each reservation's prompt was forked (or restored) from, in admission order."""
+        return [r.source for r in self.index.live.values()]
 
     @property
     def cells_used(self) -> int:
@@ -363,39 +304,17 @@ class KvBudget:
     def fits_ever(self, request: Request) -> bool:
         return request.n_branches <= self.max_live and request.cells_needed <= self.n_cells
 
-    def match(self, request: Request) -> Match:
-        """Where the prompt's cached prefix comes from and how many tokens it provides (at
-        most all but the last: that one is decoded again to give the first logits): a live
-        path, or a tier when that saves at least MIN_SHARED_TOKENS more. Memoized per
-        request until the cache or the tiers change: admission asks every step while
-        requests wait."""
+    def new_step(self) -> None:
+        """A step is being planned: the last one's restores are settled."""
+        self.index.new_step()
+
+    def match(self, request: Request) -> Source:
+        """Where the prompt's prefix comes from and how many tokens it provides (at most
+        all but the last: that one is decoded again to give the first logits): the prefix
+        index's longest source (engine/prefix_index.py)."""
         if not self.cache.enabled or request.prompt_logprobs:  # echo+logprobs: score it all
-            return NO_MATCH
-        generations = (self.cache.generation, self.tiers.generation if self.tiers else 0)
-        if self._matches_of != generations:
-            self._matches, self._matches_of = {}, generations
-        memo = self._matches.get(request)
-        if memo is not None:
-            return memo
-        tokens, limit = as_tokens(request.prompt), request.prompt_len - 1
-        path, shared = self.cache.longest(tokens, limit)
-        found = NO_MATCH
-        # Not a path pinned beside the request it could never fit: computed instead.
-        if (
-            path is not None
-            and shared >= MIN_SHARED_TOKENS
-            and request.cells_needed - shared + len(path) <= self.n_cells
-        ):
-            found = Match(path, shared)
-        if self.tiers is not None:
-            entry, restored = self.tiers.best(tokens, limit, self.n_cells)
-            # One restore of an entry at a time: a request loading it already is forked
-            # from by the scheduler once its cells are there.
-            loading = any(r.restored is entry for r in self._running.values())
-            if entry is not None and not loading and restored - found.shared >= MIN_SHARED_TOKENS:
-                found = Match(None, restored, entry)
-        self._matches[request] = found
-        return found
+            return NO_SOURCE
+        return self.index.longest(request)
 
     def cells_to_reserve(self, request: Request) -> int:
         """The cells admitting the request now would reserve: all but what it forks; a
@@ -406,7 +325,7 @@ class KvBudget:
         return request.cells_needed - found.shared
 
     def can_admit(self, request: Request) -> bool:
-        source = self.match(request).source
+        source = self.match(request).path
         evictable = sum(1 for p in self.cache.paths if not p.pins and p is not source)
         return (
             self.live + request.n_branches <= self.max_live
@@ -417,15 +336,11 @@ class KvBudget:
             <= self.n_cells
         )
 
-    def fork_floor(self, request: Request) -> int:
-        """Forks from a running request's cells share at least this many tokens."""
-        reservation = self._running.get(request)
-        return reservation.floor if reservation is not None else 0
-
     def restore_failed(self, request: Request) -> None:
         """llama.cpp refused a tier's bytes: the request reads its whole prompt."""
-        reservation = self._running[request]
-        reservation.floor, reservation.restored = 0, None
+        reservation = self.index.live[request]
+        reservation.floor, reservation.source = 0, NO_SOURCE
+        self.index.forget()
 
     def shortage(self, request: Request) -> Shortage:
         """What keeps a request that `can_admit` refuses waiting."""
@@ -434,20 +349,20 @@ class KvBudget:
         return Shortage.CELLS
 
     def admit(self, request: Request) -> Grant:
-        """Reserve ids and cells, fork from the best cached path."""
+        """Reserve ids and cells, fork from the prefix index's longest source."""
         assert self.can_admit(request)
         found = self.match(request)
-        source, entry = found.source, found.entry
-        if source is not None:
-            source.pins += 1
-            self.cache.touch(source)
+        path, entry, lender = found.path, found.entry, found.lender
+        if path is not None:
+            path.pins += 1
+            self.cache.touch(path)
         need = self.cells_to_reserve(request)
-        floor = source.floor if source is not None else entry.floor if entry is not None else 0
-        self._running[request] = Reservation(
-            request.prompt_len - (request.cells_needed - need), source, floor, restored=entry
-        )
-        if entry is not None:
-            self._matches_of = (-1, -1)  # others waiting for this entry now fork from here
+        floor = path.floor if path is not None else entry.floor if entry is not None else 0
+        if lender is not None:
+            floor = self.index.live[lender].floor
+        reservation = Reservation(request.prompt_len - (request.cells_needed - need), found, floor)
+        if lender is not None:
+            reservation.loans[lender] = found.shared
         ops = self._evict_until(
             lambda: (
                 self.free_ids >= request.n_branches
@@ -457,18 +372,47 @@ class KvBudget:
         seq_ids = tuple(self._free_ids.pop() for _ in request.branches)
         self.live += request.n_branches
         self.cells_reserved += need
-        if source is not None:
-            ops.append(KvOp(source.seq_id, seq_ids[0], 0, found.shared))
+        if found.seq_id >= 0:  # a cached path's or a running request's cells
+            ops.append(KvOp(found.seq_id, seq_ids[0], 0, found.shared))
         elif entry is not None:
             ops.append(KvRestore(-1, seq_ids[0], 0, found.shared, entry=entry))
-        return Grant(seq_ids, found.shared, tuple(ops))
+            self.index.restoring.add(seq_ids[0])
+            self.index.forget()  # others waiting for this entry now fork from here
+        self.index.add(request, reservation)
+        return Grant(seq_ids, found.shared, tuple(ops), found)
+
+    def borrow(self, request: Request) -> tuple[KvOp | None, int, bool]:
+        """A prompt being read forks more of itself from the sequence of a request admitted
+        before it, if one holds more now (its prompt read further, a branch's text). Those
+        cells are its lender's to count: the reservation shrinks by them. Returns the op,
+        the prompt tokens the request then holds, and whether a request still reading its
+        own prompt will provide more (then it waits a step rather than compute them)."""
+        reservation = self.index.live[request]
+        start = request.n_prefilled
+        found = self.index.find(request, request.prompt_len - 1, before=request)
+        source, op = found.source, None
+        if source.lender is not None and source.shared > start:
+            lent = source.shared - start
+            reservation.loans[source.lender] = reservation.loans.get(source.lender, 0) + lent
+            reservation.prompt_cells -= lent
+            self.cells_reserved -= lent
+            op = KvOp(source.seq_id, request.primary.seq_id, start, source.shared)
+            start = source.shared
+        return op, start, found.promised > start
+
+    def refill_cells(self, request: Request) -> int:
+        """The cells a refilled branch reserves: `max_tokens`, + 1 once the prompt is read
+        (its last token is decoded again in the new sequence)."""
+        return request.params.max_tokens + int(request.status is RequestStatus.DECODING)
 
     def add_sequence(self, request: Request) -> tuple[int, list[KvOp]] | None:
         """A branch for a running request in place of one about to end (live branching's
-        refill): a sequence id and its cells, `max_tokens` + 1 (its prompt's last token is
-        decoded again in its own sequence). None when they do not fit now; cached paths
-        make way if they must. Live sequences count one over until the other ends."""
-        need = request.params.max_tokens + 1
+        refill): a sequence id and its cells, `max_tokens` (+ 1 once the prompt is read:
+        its last token is decoded again in the new sequence). None when they do not fit
+        now; cached paths make way if they must. Live sequences count one over until the
+        other ends."""
+        need = self.refill_cells(request)
+        extra = need - request.params.max_tokens
         evictable = sum(1 for p in self.cache.paths if not p.pins)
         if (
             self.live > self.max_live
@@ -484,46 +428,91 @@ class KvBudget:
         )
         self.live += 1
         self.cells_reserved += need
-        self._running[request].prompt_cells += 1  # the extra cell, returned with the prompt's
+        self.index.live[request].prompt_cells += extra  # returned with the prompt's
         return self._free_ids.pop(), ops
 
-    def kept_paths(self, request: Request) -> list[tuple[int, list[int]]]:
-        """The ended branches of a running request whose cells stay until it ends, as
-        (sequence id, the tokens its cells hold): a live prefix others may fork from."""
-        reservation = self._running.get(request)
-        return reservation.finished if reservation is not None else []
-
-    def release_sequence(self, request: Request, seq_id: int, path: list[int] | None) -> list[KvOp]:
+    def release_sequence(
+        self, request: Request, seq_id: int, path: list[int] | None, keep: bool = True
+    ) -> list[KvOp]:
         """A branch ended. With `path` (the tokens its cells hold) and the cache on, its
-        cells stay until the request ends, to be parked then, and the room it did not use
-        is free now (for a fork, a refill, another request); otherwise all of it goes now."""
+        cells stay until the request's reservation is released, to be parked then (not
+        with `keep` False: a failed request's, kept only while lent, then removed), and
+        the room it did not use is free now (for a fork, a refill, another request);
+        otherwise all of it goes now."""
         self.live -= 1
-        if path and self.cache.enabled:
+        reservation = self.index.live[request]
+        if path and self.cache.enabled and (keep or self._lent(request)):
             self.cells_reserved -= request.params.max_tokens - _generated(request, path)
-            self._running[request].finished.append((seq_id, path))
+            reservation.finished.append((seq_id, path))
+            reservation.discard |= not keep
             return []
         self.cells_reserved -= request.params.max_tokens
         self._free_ids.append(seq_id)
         return [KvOp.remove(seq_id)]
 
     def release_request(self, request: Request) -> list[KvOp]:
-        """The request ended (every branch released): return its cells, park its branches."""
-        reservation = self._running.pop(request)
-        if reservation.source is not None:  # first: a source the new paths cover may go
-            reservation.source.pins -= 1
-        self.cells_reserved -= reservation.prompt_cells
-        self.cells_reserved -= sum(_generated(request, path) for _, path in reservation.finished)
+        """The request ended (every branch released): its reservation is released, its
+        branches parked, once no running request borrows its cells; until then they stay
+        counted (and may be forked), the room its prompt never read freed now."""
+        reservation = self.index.live[request]
+        reservation.ended = True
+        unread = 0
+        if request.status is RequestStatus.PREFILLING:  # ended while its prompt was read
+            unread = max(0, request.prompt_len - request.n_prefilled)
+        reservation.prompt_cells -= unread
+        self.cells_reserved -= unread
+        if not reservation.finished:  # it holds no cells: none to lend, none to park
+            return self._release(request) + self._settle()
+        return self._settle()
+
+    def _lent(self, request: Request) -> bool:
+        """Whether a request still registered borrows cells of `request`'s."""
+        return any(request in r.loans for r in self.index.live.values())
+
+    def _settle(self) -> list[KvOp]:
+        """Release the reservations of ended requests whose cells no running request shares:
+        requests joined by loans (either way) go together once all have ended, lenders
+        first, so that a borrower's path is parked beside its lender's and their shared
+        cells are counted once. Then the cache is kept within its bounds."""
+        live = self.index.live
+        group = {request: request for request in live}
+
+        def root(request: Request) -> Request:
+            while group[request] is not request:
+                request = group[request]
+            return request
+
+        for borrower, reservation in live.items():
+            for lender in reservation.loans:
+                group[root(borrower)] = root(lender)
+        running = {root(r) for r, res in live.items() if not res.ended}
         ops: list[KvOp] = []
-        for seq_id, path in reservation.finished:
-            park_ops, freed = self.cache.park(seq_id, path, reservation.floor, request.prompt_len)
-            ops += park_ops
-            self._free_ids.extend(freed)
+        for request in [r for r in live if root(r) not in running]:  # in admission order
+            ops += self._release(request)
         return ops + self._evict_until(
             lambda: (
                 self.cache.idle_cells() <= self.cache.max_idle_cells
                 and self.cells_used <= self.n_cells
             )
         )
+
+    def _release(self, request: Request) -> list[KvOp]:
+        """Return a reservation's cells and park (or remove) its ended branches' paths."""
+        reservation = self.index.remove(request)
+        if reservation.source.path is not None:  # first: a source the new paths cover may go
+            reservation.source.path.pins -= 1
+        self.cells_reserved -= reservation.prompt_cells
+        self.cells_reserved -= sum(_generated(request, path) for _, path in reservation.finished)
+        ops: list[KvOp] = []
+        for seq_id, path in reservation.finished:
+            if reservation.discard:
+                ops.append(KvOp.remove(seq_id))
+                self._free_ids.append(seq_id)
+                continue
+            park_ops, freed = self.cache.park(seq_id, path, reservation.floor, request.prompt_len)
+            ops += park_ops
+            self._free_ids.extend(freed)
+        return ops
 
     def _evict_until(self, enough: Callable[[], bool]) -> list[KvOp]:
         """Evict least recently used unpinned paths until `enough()` (or none is left)."""

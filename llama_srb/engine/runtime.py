@@ -20,7 +20,13 @@ from typing import TypeVar
 
 from llama_srb.engine.build import Built, Submission
 from llama_srb.engine.engine import Engine
-from llama_srb.engine.generation import EngineDied, Flight, Generation, ShuttingDown
+from llama_srb.engine.generation import (
+    EngineDied,
+    Flight,
+    Generation,
+    Interrupted,
+    ShuttingDown,
+)
 from llama_srb.engine.outputs import RequestOutput
 from llama_srb.engine.request import Branch, Request
 from llama_srb.engine.spec import unit_of
@@ -76,15 +82,24 @@ class Runtime:
         unit = unit_of(client)
         return sum(f.waiting and unit_of(f.client) == unit for f in self._flights.values())
 
-    async def drain(self, grace: float) -> None:
-        """Refuse new requests, give those in flight `grace` seconds, then end the rest."""
+    @property
+    def in_flight(self) -> int:
+        """Submitted requests whose outputs are still being read (waiting or running)."""
+        return len(self._flights)
+
+    async def drain(
+        self, grace: float, ending: Callable[[float], Interrupted] | None = None
+    ) -> None:
+        """Refuse new requests, give those in flight `grace` seconds, then end the rest with
+        `ending(grace)` (default: the server shut down)."""
         self.closing = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while self._flights and loop.time() < deadline and not self._hurry:
             await asyncio.sleep(0.05)
+        end = ending or _shut_down
         for flight in list(self._flights.values()):
-            self._interrupt(flight, f"the server shut down (grace period of {grace:g} s over)")
+            self._interrupt(flight, end(grace))
 
     def hurry(self) -> None:
         """End the grace period now."""
@@ -153,7 +168,7 @@ class Runtime:
         self._flights[flight.request_id] = flight
         self._call(lambda: self._add(request))
         if self.closing:  # raced with shutdown: the engine still frees what it built
-            self._interrupt(flight, "the server is shutting down")
+            self._interrupt(flight, ShuttingDown("the server is shutting down"))
         return Generation(flight, timeout, self._release)
 
     def _add(self, request: Request) -> list[RequestOutput]:
@@ -187,8 +202,8 @@ class Runtime:
         if not flight.done:
             self.abort(flight.request_id)
 
-    def _interrupt(self, flight: Flight, message: str) -> None:
-        flight.queue.put_nowait(ShuttingDown(message))
+    def _interrupt(self, flight: Flight, why: Interrupted) -> None:
+        flight.queue.put_nowait(why)
         self.abort(flight.request_id)  # also ends requests whose reader never came
 
     def fail_flights(self, reason: str) -> None:
@@ -237,3 +252,7 @@ class Runtime:
                     release_free_memory()
                     worked = False
                 self._wake.wait()
+
+
+def _shut_down(grace: float) -> Interrupted:
+    return ShuttingDown(f"the server shut down (grace period of {grace:g} s over)")

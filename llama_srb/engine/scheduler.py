@@ -16,19 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import groupby
 
-from llama_srb.engine.kv import (
-    MIN_SHARED_TOKENS,
-    Grant,
-    KvBudget,
-    KvOp,
-    KvRestore,
-    Shortage,
-    common_prefix,
-)
+from llama_srb.engine.kv import Grant, KvBudget, KvOp, Shortage
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason, LiveRefused
 from llama_srb.engine.pacing import StepPacer
 from llama_srb.engine.request import Branch, Request, RequestStatus
@@ -166,6 +157,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        self.budget.new_step()
         held: Counter[str] | None = None  # who holds what: only for admissions and prompts
         if len(self.waiting):
             held = self._held()
@@ -264,59 +256,16 @@ class Scheduler:
         return Shortage.CELLS
 
     def _share_live_prefix(self, request: Request, ops: list[KvOp]) -> bool:
-        """Fork the longest prompt prefix that an earlier live request already holds: its
-        prompt (read, or still being read), a branch's text so far, or the text of a branch
-        that ended while its request runs. Returns True when an earlier request still
-        prefilling will provide more: then this one waits a step rather than compute the
-        same tokens twice."""
-        limit = request.prompt_len - 1  # the last token is decoded again for its logits
-        best, source, promised = request.n_prefilled, -1, 0
-        for other in self.running:
-            if other is request:
-                break
-            floor = self.budget.fork_floor(other)
-            for holder, held, common in self._live_paths(request, other, ops):
-                common = min(common, limit)
-                # A few tokens of a prompt are computed (and not waited for); a fork into a
-                # branch's text shares all it can: nothing is pinned for it.
-                into_branch = other.status is RequestStatus.DECODING and common > other.prompt_len
-                if common < (floor if into_branch else max(MIN_SHARED_TOKENS, floor)):
-                    continue  # a BOS or a few tokens (or inside restored cells): compute
-                if min(common, held) > best:
-                    best, source = min(common, held), holder
-                if other.status is RequestStatus.PREFILLING:
-                    promised = max(promised, common)
-        if source >= 0:
-            ops.append(KvOp(source, request.primary.seq_id, request.n_prefilled, best))
-            request.n_cached += best - request.n_prefilled
-            request.n_prefilled = best
-        return promised > request.n_prefilled
-
-    def _live_paths(
-        self, request: Request, other: Request, ops: list[KvOp]
-    ) -> Iterator[tuple[int, int, int]]:
-        """The sequences of a running request that `request` could fork from, as (sequence
-        id, cells it holds, tokens its path shares with `request`'s prompt)."""
-        common = common_prefix(request.prompt, other.prompt)
-        if other.status is RequestStatus.PREFILLING:
-            holder, held = other.primary.seq_id, other.n_prefilled
-            if any(isinstance(op, KvRestore) and op.dst == holder for op in ops):
-                held = 0  # its cells arrive with this step's restore, if it works
-            yield holder, held, common
-            return
-        if common < other.prompt_len:  # it parts from the other's prompt: any branch will do
-            if other.live:
-                yield other.live[0].seq_id, self._cells_held(other, other.live[0]), common
-            return
-        tail = request.prompt[common:]  # what it asks beyond the prompt: a branch's text?
-        for branch in other.live:
-            yield (
-                branch.seq_id,
-                self._cells_held(other, branch),
-                common + common_prefix(tail, branch.tokens),
-            )
-        for seq_id, path in self.budget.kept_paths(other):
-            yield seq_id, len(path), common + common_prefix(tail, path[common:])
+        """Fork more of the prompt from an earlier running request that holds it now (the
+        prefix index's rules: engine/prefix_index.py). Returns True when one still reading
+        its own prompt will provide more: then this one waits a step rather than compute
+        the same tokens twice."""
+        op, held, wait = self.budget.borrow(request)
+        if op is not None:
+            ops.append(op)
+            request.n_cached += held - request.n_prefilled
+            request.n_prefilled = held
+        return wait
 
     def restore_failed(self, plan: StepPlan, seq_id: int) -> None:
         """The tier's bytes for the request whose first sequence is `seq_id` did not load:
@@ -356,11 +305,11 @@ class Scheduler:
                 429,
                 f"no room for a new branch now: {budget.live} of {budget.max_live} sequences"
                 f" live, {budget.cells_reserved} of {budget.n_cells} KV cells reserved"
-                f" (it needs {request.params.max_tokens + 1}); drop without refill, or retry",
+                f" (it needs {budget.refill_cells(request)}); drop without refill, or retry",
             )
         branch.seq_id, ops = granted
         request.branches.append(branch)
-        self.reserve.grow(request, request.params.max_tokens + 1)
+        self.reserve.grow(request, self.budget.refill_cells(request))
         if request.status is RequestStatus.DECODING:
             ops.append(KvOp(sibling.seq_id, branch.seq_id, 0, request.prompt_len - 1))
         return ops
@@ -407,22 +356,23 @@ class Scheduler:
         keep = reason is not FinishReason.ERROR
         ops: list[KvOp] = []
         for branch in request.live:
-            held = self._cells_held(request, branch) if keep else 0
-            ops += self._end_branch(request, branch, reason, held)
+            held = self._cells_held(request, branch)
+            ops += self._end_branch(request, branch, reason, held, keep)
         return ops + self._retire(request, error)
 
     def _end_branch(
-        self, request: Request, branch: Branch, reason: FinishReason, held: int
+        self, request: Request, branch: Branch, reason: FinishReason, held: int, keep: bool = True
     ) -> list[KvOp]:
         """A branch ends: its sampler is freed and its sequence id released, its cells (the
-        first `held` tokens of its path) cached or freed."""
+        first `held` tokens of its path) cached or freed (not cached unless `keep`: a failed
+        request's are kept only while a later request borrows them)."""
         branch.finish_reason = reason
         branch.close()
         if branch.seq_id < 0:  # never admitted: holds nothing
             return []
         path = (request.prompt + branch.tokens)[:held] if held > 0 else None
         seq_id, branch.seq_id = branch.seq_id, -1
-        return self.budget.release_sequence(request, seq_id, path)
+        return self.budget.release_sequence(request, seq_id, path, keep)
 
     def _retire(self, request: Request, error: str | None = None) -> list[KvOp]:
         """A request whose branches all ended leaves the queues and returns its cells."""

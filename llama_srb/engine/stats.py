@@ -19,6 +19,9 @@ class EngineStats:
     generated_tokens: int = 0
     decode_seconds: float = 0.0
     prompt_tokens_cached: int = 0  # prompt tokens forked from cached or live sequences
+    # Bytes of logits rows the host read out of llama.cpp's output to sample and score
+    # (engine/sampling_stage.py): a whole row per row read.
+    logits_bytes_read: int = 0
     decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
     # Per step, the engine thread's time outside llama_decode: what a fast GPU exposes.
     host_step_seconds: Histogram = field(default_factory=lambda: Histogram(HOST_BUCKETS))

@@ -16,7 +16,7 @@ The rules (docs/library.md):
 - deleting a node someone else changed after the base, changing a node someone else
   deleted, and adding under a node someone else deleted (or deleting one under which
   someone else added) are conflicts;
-- `name` and `current` are last-writer-wins: they never conflict.
+- `name`, `current` and `model` are last-writer-wins: they never conflict.
 """
 
 from __future__ import annotations
@@ -216,6 +216,9 @@ def _plan_meta(
             plan.meta[key] = value
     if patch.name is not None and patch.name != meta.get("name"):
         plan.meta["name"] = patch.name
+    # The story's model: sent (null or "" forgets it), and not what it is already.
+    if "model" in patch.model_fields_set and patch.model != meta.get("model"):
+        plan.meta["model"] = patch.model
 
 
 def live_after(known: Known, plan: Plan, node_id: int) -> bool:

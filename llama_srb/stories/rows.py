@@ -38,7 +38,7 @@ TABLES = [
     words INTEGER NOT NULL,
     nodes INTEGER NOT NULL,     -- live ones
     bytes INTEGER NOT NULL,     -- JSON of the live nodes
-    meta TEXT NOT NULL,         -- {current, memory, note, depth, settings}
+    meta TEXT NOT NULL,         -- {current, memory, note, depth, settings, model}
     meta_revs TEXT NOT NULL,    -- per key of meta (and name), the revision that set it
     tombstones INTEGER NOT NULL DEFAULT 0,
     floor INTEGER NOT NULL DEFAULT 0 -- tombstones deleted at or before it are compacted away

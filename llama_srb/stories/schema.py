@@ -58,6 +58,22 @@ def _check_name(value: str) -> str:
 StoryName = Annotated[
     str, StringConstraints(max_length=MAX_NAME_CHARS), AfterValidator(_check_name)
 ]
+MAX_MODEL_CHARS = 256  # a model's name (as /v1/models lists it)
+
+
+def _check_model(value: str | None) -> str | None:
+    """A model's name, or None (\"\" too): the server's current model."""
+    if value and _CONTROL.search(value):
+        raise ValueError("a model's name cannot hold control characters")
+    return (value or "").strip() or None
+
+
+# The model a story is written with (GET /v1/models' ids), kept as data: a name the server
+# no longer serves stays, and the UI falls back to the server's current model for it.
+ModelName = Annotated[
+    Annotated[str, StringConstraints(max_length=MAX_MODEL_CHARS)] | None,
+    AfterValidator(_check_model),
+]
 
 NODE_FIELDS = (
     "parent",
@@ -148,6 +164,7 @@ class StoryDraft(Strict):
     id: StoryId | None = None  # chosen by the client, so a story made offline keeps its id
     name: StoryName | None = None
     current: NodeId | None = None
+    model: ModelName = None
     context: Context = Field(default_factory=Context)
     settings: dict[str, Setting] = Field(default_factory=dict, max_length=MAX_SETTINGS)
     nodes: list[Node] = Field(default_factory=list, max_length=MAX_NODES)
@@ -156,11 +173,13 @@ class StoryDraft(Strict):
 class StoryPatch(Strict):
     """A conditional write: what changed since `base_revision`, the revision the writer
     last saw. Nodes it sends are created or changed (only the fields sent), `deleted`
-    ones removed; `name` and `current` are last-writer-wins, the rest is merged."""
+    ones removed; `name`, `current` and `model` are last-writer-wins, the rest is merged.
+    `model` sent as null or "" forgets the story's model (the server's current one then)."""
 
     base_revision: int = Field(ge=1)
     name: StoryName | None = None
     current: NodeId | None = None
+    model: ModelName = None
     context: ContextPatch | None = None
     settings: dict[str, Setting] | None = Field(None, max_length=MAX_SETTINGS)
     nodes: list[Node] = Field(default_factory=list, max_length=MAX_NODES)

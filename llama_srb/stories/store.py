@@ -198,7 +198,9 @@ class StoryStore:
         mine, args = ("", ()) if who.admin else (" AND owner = ?", (who.owner,))
         with self._read() as db:
             rows = db.execute(
-                f"SELECT * FROM stories WHERE deleted IS NULL{mine}"
+                # The story's model read by SQLite: its meta (memory, note…) stays unparsed.
+                f"SELECT *, json_extract(meta, '$.model') AS model FROM stories"
+                f" WHERE deleted IS NULL{mine}"
                 " ORDER BY opened DESC, updated DESC",
                 args,
             ).fetchall()
@@ -211,7 +213,12 @@ class StoryStore:
         nodes = NewNodes(draft, story_id)
         current = draft.current if draft.current in nodes.bodies else None
         name = draft.name or name_from(nodes.bodies)
-        meta = {"current": current, **draft.context.model_dump(), "settings": draft.settings}
+        meta = {
+            "current": current,
+            **draft.context.model_dump(),
+            "settings": draft.settings,
+            "model": draft.model,
+        }
         with self._write() as db:
             if db.execute("SELECT 1 FROM stories WHERE id = ?", (story_id,)).fetchone():
                 raise StoryExists(f"a story with the id {story_id!r} exists already")
@@ -517,6 +524,9 @@ class StoryStore:
 
     @staticmethod
     def _summary(row: sqlite3.Row) -> dict[str, Any]:
+        # The listing's column, else read from the meta (a Row's `in` looks at its values).
+        has_model = "model" in row.keys()  # noqa: SIM118
+        model = row["model"] if has_model else json.loads(row["meta"]).get("model")
         return {
             "id": row["id"],
             "object": "story",
@@ -530,6 +540,7 @@ class StoryStore:
             "updated": iso(row["updated"]),
             "opened": iso(row["opened"]),
             "deleted": iso(row["deleted"]),
+            "model": model,  # None: the server's current model
         }
 
     def _whole(self, story_id: str, who: Access) -> dict[str, Any]:
@@ -550,6 +561,7 @@ class StoryStore:
             "current": meta.get("current"),
             "context": Context(**{k: meta[k] for k in ("memory", "note", "depth")}).model_dump(),
             "settings": meta.get("settings", {}),
+            "model": meta.get("model"),  # None: the server's current model (and older stories)
             "nodes": nodes,
         }
 

@@ -55,12 +55,20 @@ def st_check_error(data: str) -> None:
         assert not (message or parsed.get("detail")), f"SillyTavern shows an error: {data}"
 
 
-def st_textgen_stream(api_type: str, server: RunningServer, body: dict[str, Any]) -> dict:
+def st_textgen_stream(
+    api_type: str, server: RunningServer, body: dict[str, Any], key: str | None = None
+) -> dict:
     """generateTextGenWithStreaming: the main text, the swipes, and the logprobs of each
-    main-text event that had some (what the streaming processor keeps)."""
+    main-text event that had some (what the streaming processor keeps). With `key`, the
+    headers its server sends the type's key in (src/additional-headers.js: getTabbyHeaders,
+    getLlamaCppHeaders)."""
     text, swipes, logprobs = "", {}, []
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if key and api_type == "tabby":
+        headers["x-api-key"] = key
+    url = st_generate_url(api_type, server)
     with httpx.stream(
-        "POST", st_generate_url(api_type, server), json={**body, "stream": True}, timeout=TIMEOUT
+        "POST", url, json={**body, "stream": True}, headers=headers, timeout=TIMEOUT
     ) as response:
         assert response.status_code == 200, response.read()
         for value in st_events(response):

@@ -13,7 +13,7 @@ from llama_srb.api.input.chat import ChatTemplate, ServedTemplate
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
 from llama_srb.engine.runtime import Runtime
-from tests.unit.fake_context import make_engine, served
+from tests.unit.fake_context import loaded_state, make_engine, served
 
 # A chat template the fake model reads: each turn's text and a space (the BOS is added by
 # input/chat.py, where the template does not write it).
@@ -31,11 +31,8 @@ def app_with_state() -> Iterator[tuple[TestClient, AppState]]:
     runtime.start()
     settings = Settings(max_n=8)
     app = create_app(settings)
-    state = AppState(
-        settings,
-        loaded=served(engine, runtime),
-        chat=ServedTemplate(FAKE_CHAT, "the unit tests'", (), ChatTemplate(FAKE_CHAT)),
-    )
+    chat = ServedTemplate(FAKE_CHAT, "the unit tests'", (), ChatTemplate(FAKE_CHAT))
+    state = loaded_state(settings, served(engine, runtime), chat)
     app.dependency_overrides[app_state] = lambda: state
     try:
         yield TestClient(app), state

@@ -9,16 +9,22 @@ and `check_kv` compares the engine's books with the cells actually held.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from llama_srb.api.input.chat import ServedTemplate
+from llama_srb.api.state import AppState
+from llama_srb.config import Settings
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.outputs import RequestOutput, RequestTimes
+from llama_srb.engine.prefix_index import SourceKind
 from llama_srb.engine.request import Branch, Request, RequestStatus
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.share import ShareRules
@@ -312,6 +318,22 @@ def served(engine: Engine, runtime: Runtime, stuck_after: float = 0.0) -> Served
     )
 
 
+def loaded_state(settings: Settings, face: Served, chat: ServedTemplate | None = None) -> AppState:
+    """The server's state with its default model loaded as `face`, through the models' own
+    load (api/models.py), its loader handing over the face instead of reading a file."""
+    state = AppState(settings, loader=lambda _: (face, chat or ServedTemplate("", "none")))
+    load_default(state)
+    return state
+
+
+def load_default(state: AppState) -> None:
+    """The default model's load, as the lifespan would start it: on a thread of its own,
+    since the caller's may run an event loop already (a browser test's, earlier in the
+    session)."""
+    with ThreadPoolExecutor(1) as thread:
+        thread.submit(asyncio.run, state.models.load(state.models.default)).result()
+
+
 @dataclass
 class Outputs:
     """Every output the engine returned, by request id."""
@@ -378,8 +400,29 @@ def check_kv(engine: Engine) -> None:
                 assert held == request.prompt[: request.n_prefilled], name
             else:
                 assert held == [], name  # forked when the prompt is complete
-    for seq_id in budget._free_ids:
+    for seq_id, tokens in budget.kept_paths():  # ended branches whose cells stay a while
+        assert ctx.held(seq_id) == tokens, f"kept path {seq_id}"
+    for seq_id in budget.idle_seq_ids():
         assert not ctx.held(seq_id), f"free seq id {seq_id} holds cells"
     if not scheduler.running:  # nothing live: the cache's count of its cells is exact
         assert len(ctx.cells) == budget.cache.cells()
     assert len(ctx.cells) <= budget.cells_used
+    # Every cell is counted once: the books are the cells held plus the room that running
+    # requests reserved and have not filled yet (a restore reserves a whole entry: more).
+    restoring = any(source.kind is SourceKind.TIER for source in budget.sources())
+    if not restoring:
+        unfilled = unfilled_room(scheduler.running)
+        assert budget.cells_used == len(ctx.cells) + unfilled, "cells counted twice or never"
+
+
+def unfilled_room(running: Sequence[Request]) -> int:
+    """The KV cells running requests reserved and do not hold yet: the prompt they have
+    still to read, and each live branch's tokens still to come."""
+    room = 0
+    for request in running:
+        if request.status is RequestStatus.PREFILLING:
+            room += request.prompt_len - request.n_prefilled
+            room += len(request.live) * request.params.max_tokens
+        else:  # a branch's newest token has no cell yet (a refill's: the prompt's last)
+            room += sum(request.params.max_tokens + 1 - len(b.tokens) for b in request.live)
+    return room

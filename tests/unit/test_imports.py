@@ -197,7 +197,7 @@ def test_the_api_holds_no_engine_object_only_ids_and_outputs() -> None:
 
 # The loader builds the engine and the llama.cpp context and keeps them: the API takes from
 # it only the loading, whose result is the face (served.py) that the API may hold.
-LOADER_FOR_THE_API = {"load_engine"}
+LOADER_FOR_THE_API = {"load_engine", "available_memory"}  # a load, and whether it fits
 FACE = f"{PACKAGE}.served"
 
 

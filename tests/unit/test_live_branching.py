@@ -122,6 +122,153 @@ def test_a_request_on_a_dropped_branch_of_a_running_request_shares_its_kept_cell
     assert books_empty(engine)
 
 
+# -- the KV books: a fork reserves only the cells it adds ------------------------------------------
+
+
+def test_a_fork_reserves_only_the_cells_it_adds() -> None:
+    engine, _ = make_engine(n_batch=16)
+    parent = make_request("p", PROMPT, n=3, max_tokens=20)
+    engine.add(parent)
+    out = Outputs()
+    step_until(engine, out, lambda: len(parent.branches[1].tokens) >= 8)
+    text = list(parent.branches[1].tokens)
+    reserved = engine.scheduler.budget.cells_reserved
+    child = make_request("c", PROMPT + text, n=2, max_tokens=5)
+    engine.add(child)
+    out.add(engine.step())  # admitted: its first sequence forks the parent's branch
+    check_kv(engine)
+    assert child.n_cached == len(PROMPT) + len(text) - 1
+    # One cell of prompt (its last token, decoded again) and its branches' room: the
+    # parent's cells are the parent's to count.
+    assert engine.scheduler.budget.cells_reserved == reserved + 1 + 2 * 5
+    run(engine, out)
+    assert out.tokens("c") == {i: expected(PROMPT + text, i, 5) for i in range(2)}
+    assert books_empty(engine)
+
+
+def test_a_fork_that_fits_only_beside_its_shared_cells_starts_at_once() -> None:
+    """57 + 2 x 60 cells of 200 are the parent's: a fork of 57 + 8 tokens, counted whole,
+    would need 75 more and wait for the parent to end; it adds 11."""
+    engine, _ = make_engine(n_ctx=200, n_batch=16)
+    parent = make_request("p", PROMPT, n=2, max_tokens=60)
+    engine.add(parent)
+    out = Outputs()
+    step_until(engine, out, lambda: len(parent.branches[0].tokens) >= 9)
+    text = list(parent.branches[0].tokens[:8])
+    child = make_request("c", PROMPT + text, max_tokens=10)
+    engine.add(child)
+    out.add(engine.step())
+    assert child.status is not RequestStatus.WAITING and child.n_cached == len(PROMPT) + 7
+    step_until(engine, out, lambda: child.status is RequestStatus.FINISHED)
+    assert parent.status is RequestStatus.DECODING  # the child ran beside the parent
+    run(engine, out)
+    assert out.tokens("c") == {0: expected(PROMPT + text, 0, 10)}
+    assert out.tokens("p") == {i: expected(PROMPT, i, 60) for i in range(2)}
+    assert books_empty(engine)
+
+
+@pytest.mark.parametrize("first", ["parent", "child"])
+@pytest.mark.parametrize("how", ["length", "drop", "abort", "error"])
+def test_lender_and_borrower_end_in_any_order_and_their_cells_are_counted_once(
+    first: str, how: str
+) -> None:
+    """A fork's cells stay its lender's (the parent's) to count: when the parent ends
+    first they stay, counted, until the child ends; when the child ends first, its cells
+    stay beside the parent's; then both are parked together, their shared cells once.
+    The books are checked after every step (check_kv)."""
+    engine, ctx = make_engine(n_batch=16)
+    parent = make_request("p", PROMPT, n=2, max_tokens=60 if first == "child" else 12)
+    engine.add(parent)
+    out = Outputs()
+    step_until(engine, out, lambda: len(parent.branches[0].tokens) >= 5)
+    text = list(parent.branches[0].tokens[:4])
+    child = make_request("c", PROMPT + text, n=2, max_tokens=6 if first == "child" else 40)
+    engine.add(child)
+    step_until(engine, out, lambda: child.status is RequestStatus.DECODING)
+    ender, other = (child, parent) if first == "child" else (parent, child)
+    if how == "drop":
+        for index in (0, 1):
+            out.add(engine.drop(ender.request_id, index)[1])
+    elif how == "abort":
+        out.add(engine.abort(ender.request_id))
+    elif how == "error":
+        out.add(engine.fail([ender], "a decode failed"))
+    else:
+        step_until(engine, out, lambda: ender.status is RequestStatus.FINISHED)
+    check_kv(engine)
+    assert ender.status is RequestStatus.FINISHED
+    assert other.status is RequestStatus.DECODING
+    run(engine, out)
+    assert books_empty(engine)
+    assert len(ctx.cells) == engine.scheduler.budget.cache.cells()  # parked: each cell once
+    if other is child or how == "length":
+        assert out.tokens("c") == {
+            i: expected(PROMPT + text, i, child.params.max_tokens) for i in range(2)
+        }
+
+
+def test_a_fork_of_a_fork_borrows_down_the_line_and_all_end_exact() -> None:
+    engine, ctx = make_engine(n_batch=16)
+    parent = make_request("p", PROMPT, n=2, max_tokens=30)
+    engine.add(parent)
+    out = Outputs()
+    step_until(engine, out, lambda: len(parent.branches[1].tokens) >= 5)
+    first = PROMPT + parent.branches[1].tokens[:4]
+    child = make_request("c", first, n=2, max_tokens=12)
+    engine.add(child)
+    step_until(engine, out, lambda: len(child.branches[0].tokens) >= 4)
+    second = first + child.branches[0].tokens[:3]
+    grandchild = make_request("g", second, max_tokens=6)
+    reserved = engine.scheduler.budget.cells_reserved
+    engine.add(grandchild)
+    out.add(engine.step())
+    check_kv(engine)
+    assert grandchild.n_cached == len(second) - 1
+    assert engine.scheduler.budget.cells_reserved == reserved + 1 + 6
+    out.add(engine.abort("p"))  # the first lender goes first
+    check_kv(engine)
+    run(engine, out)
+    assert out.tokens("g") == {0: expected(second, 0, 6)}
+    assert books_empty(engine) and len(ctx.cells) == engine.scheduler.budget.cache.cells()
+
+
+def test_a_prompt_read_by_an_earlier_request_is_borrowed_and_not_reserved_twice() -> None:
+    """Two requests with one prompt: the second waits for the first's reading and forks
+    it as it comes; its reservation shrinks by what it forks."""
+    engine, _ = make_engine(n_batch=16)
+    first = make_request("a", PROMPT, n=2, max_tokens=10)
+    second = make_request("b", PROMPT + FakeModel.tokens("xy"), n=2, max_tokens=10)
+    engine.add(first)
+    engine.add(second)
+    out = Outputs()
+    step_until(engine, out, lambda: second.status is RequestStatus.DECODING)
+    budget = engine.scheduler.budget
+    assert second.n_cached == len(PROMPT)  # it reads its own two tokens only
+    assert budget.cells_reserved == len(PROMPT) + 2 * 10 + 2 + 2 * 10
+    run(engine, out)
+    assert out.tokens("b") == {i: expected(second.prompt, i, 10) for i in range(2)}
+    assert books_empty(engine)
+
+
+@pytest.mark.parametrize("how", ["abort", "error"])
+def test_a_lender_ended_while_its_prompt_is_read_leaves_the_rest_to_its_borrower(
+    how: str,
+) -> None:
+    engine, ctx = make_engine(n_batch=16)
+    first = make_request("a", PROMPT, n=2, max_tokens=10)
+    second = make_request("b", PROMPT + FakeModel.tokens("xy"), max_tokens=6)
+    engine.add(first)
+    engine.add(second)
+    out = Outputs()
+    step_until(engine, out, lambda: second.n_prefilled >= 16)  # borrowed as it was read
+    assert first.status is RequestStatus.PREFILLING
+    out.add(engine.abort("a") if how == "abort" else engine.fail([first], "a decode failed"))
+    check_kv(engine)
+    run(engine, out)
+    assert out.tokens("b") == {0: expected(second.prompt, 0, 6)}
+    assert books_empty(engine) and len(ctx.cells) == engine.scheduler.budget.cache.cells()
+
+
 # -- drops and refills ------------------------------------------------------------------------
 
 

@@ -35,7 +35,7 @@ def call(response_id: str = "cmpl-1", client: str = "address:a", prompts: int = 
     body = CompletionRequest(prompt="x", n=2)
     relaunch: Any = lambda body, tokens: None  # noqa: E731
     ids = [f"{response_id}-{i}" for i in range(prompts)]
-    return LiveCall(response_id, client, body, relaunch, [spec] * prompts, ids)
+    return LiveCall(response_id, client, "m", body, relaunch, [spec] * prompts, ids)
 
 
 def output(position_id: str, index: int, tokens: list[int]) -> RequestOutput:

@@ -9,7 +9,7 @@ import random
 from llama_srb.config import MIN_AUTO_N_CTX, fit_n_ctx
 from llama_srb.engine.kv import (
     MIN_SHARED_TOKENS,
-    NO_MATCH,
+    NO_SOURCE,
     Grant,
     KvBudget,
     KvOp,
@@ -17,8 +17,10 @@ from llama_srb.engine.kv import (
     as_tokens,
     common_prefix,
 )
+from llama_srb.engine.prefix_index import SourceKind
 from llama_srb.engine.request import Request, RequestStatus
 from llama_srb.engine.scheduler import Scheduler
+from llama_srb.engine.tiers import TierStore
 from tests.unit.fake_context import bare_request
 from tests.unit.test_scheduler import computed
 
@@ -127,8 +129,8 @@ def test_the_last_prompt_token_is_always_decoded_again() -> None:
 
 def test_admission_evicts_cached_paths_lru_first_when_cells_run_short() -> None:
     budget = KvBudget(max_live=2, n_cells=20, cache_paths=4, cache_cells=20)
-    budget.cache.park(budget._free_ids.pop(), [9] * 8)  # older
-    budget.cache.park(budget._free_ids.pop(), [8] * 8)
+    run(budget, make("older", [9] * 7, max_tokens=1), [[9]])
+    run(budget, make("newer", [8] * 7, max_tokens=1), [[8]])
     request = make("big", [1] * 10, max_tokens=2)  # needs 12 cells; 4 are free
     assert budget.can_admit(request)
     evicted = [op.dst for op in budget.admit(request).ops if op.is_remove]
@@ -170,7 +172,7 @@ def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
     run(budget, make("long", long_story), [text(8)])
     prompt = [BOS, *text(94)]  # shares only the BOS token with the cached story
     first = make("new", prompt, max_tokens=8)
-    assert budget.match(first) == NO_MATCH
+    assert budget.match(first) == NO_SOURCE
     grant = budget.admit(first)
     assert grant.forked == 0 and not any(p.pins for p in budget.cache.paths)
     budget.release_sequence(first, grant.seq_ids[0], prompt + text(8))
@@ -178,7 +180,7 @@ def test_a_trivial_shared_prefix_neither_pins_nor_costs_the_new_path() -> None:
     again = run(budget, make("again", prompt, max_tokens=8))
     assert again.forked == len(prompt) - 1  # cached on its second try
     assert len(budget.cache.paths) == 2  # and the long story is still there
-    assert budget.match(make("x", [BOS, *text(MIN_SHARED_TOKENS)])) == NO_MATCH
+    assert budget.match(make("x", [BOS, *text(MIN_SHARED_TOKENS)])) == NO_SOURCE
 
 
 def test_parking_does_not_evict_the_parked_path_for_an_unrelated_pinned_one() -> None:
@@ -262,6 +264,86 @@ def test_random_traffic_keeps_the_books_exact() -> None:
         check_invariants(budget)
         live_ids = sum(r.n_branches for r, _ in running)
         assert budget.free_ids + len(budget.cache.paths) + live_ids == budget.n_seq
+
+
+# -- one index: cached paths, tiers and running requests under one set of rules -----------
+
+
+def test_one_index_finds_the_longest_source_cached_tiered_or_running() -> None:
+    store = TierStore(host_budget=1 << 20)
+    budget = KvBudget(max_live=4, n_cells=2000, cache_paths=4, cache_cells=2000, tiers=store)
+    story, picked = [BOS, *text(100)], text(10)
+    run(budget, make("root", story, max_tokens=10), [picked])  # cached: story + picked
+    saved = [*story, *picked, *text(45)]
+    store.put(as_tokens(saved), b"cells")  # a tier entry 45 tokens further
+    assert budget.match(make("x", [*saved, 7])).kind is SourceKind.TIER
+    near = [*story, *picked, *saved[111:131], 7]  # 20 further only: not worth a restore
+    found = budget.match(make("y", near))
+    assert (found.kind, found.shared) == (SourceKind.CACHED, len(story) + 10)
+    # A running request, its branch streaming: its released tokens are a source too.
+    reader = make("reader", [*story, *picked, 5], max_tokens=20)
+    grant = budget.admit(reader)
+    assert grant.source.kind is SourceKind.CACHED and grant.forked == len(story) + 10
+    reader.status, reader.n_prefilled = RequestStatus.DECODING, reader.prompt_len
+    branch = reader.branches[0]
+    branch.seq_id, branch.tokens = grant.seq_ids[0], text(6)  # its newest has no cell yet
+    fork = make("fork", [*reader.prompt, *branch.tokens, 9])
+    found = budget.match(fork)
+    assert (found.kind, found.lender, found.seq_id) == (SourceKind.LIVE, reader, branch.seq_id)
+    assert found.shared == reader.prompt_len + 5
+    # Equal lengths: the cached path before the running request's sequence.
+    assert budget.match(make("z", [*story, *picked, 8])).kind is SourceKind.CACHED
+    # A fork into a branch's text is worth any length; a prompt's start only from 32.
+    short = make("short", [BOS, *text(4)], max_tokens=8)
+    run(budget, short, [[3, 4, 5]])
+    assert budget.match(make("s1", [*short.prompt, 3, 4, 9])).shared == len(short.prompt) + 2
+    assert budget.match(make("s2", [*short.prompt[:4], 9])) == NO_SOURCE
+
+
+def test_a_fork_of_a_running_request_is_lent_its_cells_not_reserved_twice() -> None:
+    budget = KvBudget(max_live=4, n_cells=1000, cache_paths=4, cache_cells=1000)
+    story = [BOS, *text(300)]
+    parent = make("parent", story, n=2, max_tokens=200)
+    seqs = budget.admit(parent).seq_ids
+    parent.status, parent.n_prefilled = RequestStatus.DECODING, len(story)
+    for branch, seq_id in zip(parent.branches, seqs, strict=True):
+        branch.seq_id, branch.tokens = seq_id, text(50)
+    assert budget.cells_reserved == 301 + 400
+    # 351 + 290 more cells do not fit beside the parent's 701; 350 of them are lent.
+    child = make("child", [*story, *parent.branches[0].tokens[:49], 7], max_tokens=290)
+    assert budget.can_admit(child)
+    grant = budget.admit(child)
+    assert grant.source.lender is parent and grant.forked == 350
+    assert budget.cells_reserved == 701 + 1 + 290
+    # The parent ends first: its cells stay counted (and forkable) while the child runs.
+    for branch in parent.branches:
+        budget.release_sequence(parent, branch.seq_id, story + branch.tokens[:49])
+    assert budget.release_request(parent) == []
+    assert budget.cells_reserved == 301 + 2 * 49 + 1 + 290
+    assert budget.cache.paths == []
+    budget.release_sequence(child, grant.seq_ids[0], child.prompt + text(10))
+    budget.release_request(child)  # then both are parked, the shared cells once
+    assert budget.cells_reserved == 0
+    check_invariants(budget)
+    assert budget.cache.cells() == 301 + 2 * 49 + 1 + 10
+
+
+def test_a_fork_evicts_no_cached_story_for_cells_it_shares() -> None:
+    """bench/bench_live.py's 8,000-token case on the books alone: counted whole, the fork
+    made admission evict (and save down a tier) every cached story in its step."""
+    budget = KvBudget(max_live=16, n_cells=20000, cache_paths=64, cache_cells=20000)
+    for _ in range(4):
+        run(budget, make("old", [BOS, *text(1900)], n=2, max_tokens=40), [text(40)] * 2)
+    cached = budget.cache.cells()
+    parent = make("parent", [BOS, *text(7999)], n=8, max_tokens=160)
+    seqs = budget.admit(parent).seq_ids
+    parent.status, parent.n_prefilled = RequestStatus.DECODING, parent.prompt_len
+    for branch, seq_id in zip(parent.branches, seqs, strict=True):
+        branch.seq_id, branch.tokens = seq_id, text(41)
+    fork = make("fork", [*parent.prompt, *parent.branches[0].tokens[:40]], n=4, max_tokens=8)
+    grant = budget.admit(fork)
+    assert grant.forked == fork.prompt_len - 1
+    assert [op for op in grant.ops if op.is_remove] == [] and budget.cache.cells() == cached
 
 
 # -- sharing with live requests ------------------------------------------------------------

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from llama_srb.api.input.chat import ServedTemplate
 from llama_srb.api.state import AppState
 from llama_srb.config import Settings
 from llama_srb.engine.build import Submission
@@ -120,12 +121,13 @@ def test_after_the_engine_died_the_server_refuses_work_and_exits() -> None:
             on_death=lambda why: loop.call_soon_threadsafe(deaths.put_nowait, why),
         )
         runtime.start()
-        state = AppState(Settings(), loaded=face(runtime))
+        state = AppState(Settings(), loader=lambda _: (face(runtime), ServedTemplate("", "none")))
+        await state.models.load(state.models.default)
         before = state.engine_failure is None
         runtime.generate(Submission(make_request()), timeout=600)
         assert await asyncio.wait_for(deaths.get(), 10) == state.engine_failure
         with pytest.raises(APIError) as refused:
-            state.ready()
+            state.use()
         server = GracefulServer.__new__(GracefulServer)  # no socket: only on_tick is asked
         server.state = state
         exits = await server.on_tick(0)
@@ -146,7 +148,7 @@ def test_draining_is_the_runtime_s_state_read_by_health_and_routes(
     client, state = app_with_state
     assert client.get("/health").json()["status"] == "ok" and not state.draining
     asyncio.run(state.drain())  # SIGTERM: the runtime closes, and the server says so
-    assert state.draining and state.loaded is not None and state.loaded.runtime.closing
+    assert state.draining and state.models.default.ready().runtime.closing
     health = client.get("/health")
     assert (health.status_code, health.json()["status"]) == (503, "draining")
     refused = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1, "top_k": 8})

@@ -14,13 +14,21 @@ import pytest
 from fastapi.testclient import TestClient
 
 from llama_srb.api.app import create_app
+from llama_srb.api.input.chat import ServedTemplate
 from llama_srb.config import Settings
 from llama_srb.engine.build import Submission
 from llama_srb.engine.generation import Generation
 from llama_srb.engine.runtime import Runtime
 from llama_srb.engine.watch import Step, StepWatch, Watchdog
 from llama_srb.native import Batch
-from tests.unit.fake_context import FakeContext, FakeModel, make_engine, make_request, served
+from tests.unit.fake_context import (
+    FakeContext,
+    FakeModel,
+    load_default,
+    make_engine,
+    make_request,
+    served,
+)
 
 
 class BlockingContext(FakeContext):
@@ -126,10 +134,11 @@ def test_health_and_metrics_report_a_stuck_engine_then_recover(
 ) -> None:
     """The app in-process (no lifespan: no model is loaded), its engine the blocked one."""
     runtime, ctx = blocked
-    app = create_app(Settings(stuck_after=0.01))
+    face = served(runtime.engine, runtime, stuck_after=0.01)
+    app = create_app(Settings(stuck_after=0.01), loader=lambda _: (face, ServedTemplate("", "")))
     state = app.state.srb
-    state.loaded = served(runtime.engine, runtime, stuck_after=0.01)
-    wait_for(lambda: state.loaded.watchdog.age() > 0.01)
+    load_default(state)
+    wait_for(lambda: face.watchdog.age() > 0.01)
     client = TestClient(app)
 
     health = client.get("/health")

@@ -13,6 +13,7 @@ from llama_srb.api.clients import Caller
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.input.chat import chat_params, chat_prompt
 from llama_srb.api.input.params import build_all
+from llama_srb.api.models import ModelSlot
 from llama_srb.api.render.chat import ChatAnswer
 from llama_srb.api.routes.generate import Prepare, Prepared, respond
 from llama_srb.api.schemas.chat import ChatCompletion, ChatRequest
@@ -20,7 +21,6 @@ from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import body_spec
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.served import Served
 
 router = APIRouter()
 
@@ -41,9 +41,9 @@ async def chat_completions(
 def preparation(state: AppState, body: ChatRequest, tokens: list[int] | None = None) -> Prepare:
     """How a chat call is prepared on a worker; with `tokens`, a fork's: the conversation
     and the assistant's reply so far, as they were, not rendered again."""
-    served = state.chat_template()
 
-    def prepare(loaded: Served, caller: Caller) -> Prepared:
+    def prepare(slot: ModelSlot, caller: Caller) -> Prepared:
+        loaded, served = slot.ready(), slot.chat_template()
         model = loaded.model
         prompt = chat_prompt(model, served.get(), body, loaded.n_ctx) if tokens is None else tokens
         params = chat_params(body, model, len(prompt), loaded.n_ctx, served.stops)
@@ -54,7 +54,7 @@ def preparation(state: AppState, body: ChatRequest, tokens: list[int] | None = N
         answer = ChatAnswer(
             submissions[0].request_id,
             int(time.time()),
-            state.settings.model_name,
+            slot.name,
             body.include_usage,
             body.n,
             model.piece if body.logprobs else None,

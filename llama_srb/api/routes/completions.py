@@ -12,6 +12,7 @@ from llama_srb.api.clients import Caller
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.input.params import build_all, request_params
 from llama_srb.api.input.prompts import Prompt, count_prompts, parse_prompts
+from llama_srb.api.models import ModelSlot
 from llama_srb.api.render.completions import CompletionAnswer
 from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.routes.generate import Prepare, Prepared, respond
@@ -20,7 +21,6 @@ from llama_srb.api.schemas.sampling import SamplingFields
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import body_spec
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.served import Served
 
 router = APIRouter()
 
@@ -46,7 +46,8 @@ def preparation(
     prompt (its text is the choice's, which a fork's answer does not repeat)."""
     scored = body.echo and body.logprobs is not None  # the prompt's logprobs too
 
-    def prepare(loaded: Served, caller: Caller) -> Prepared:
+    def prepare(slot: ModelSlot, caller: Caller) -> Prepared:
+        loaded = slot.ready()
         model = loaded.model
         params = request_params(body, model, loaded.n_ctx, logprobs=body.logprobs)
         prompts = (
@@ -62,7 +63,7 @@ def preparation(
         answer = CompletionAnswer(
             submissions[0].request_id,
             int(time.time()),
-            state.settings.model_name,
+            slot.name,
             body.include_usage,
             body.n,
             model.piece if body.logprobs is not None else None,

@@ -1,10 +1,10 @@
-"""Other servers' model and token routes, for clients written against them:
+"""Other servers' token routes, for clients written against them (their model routes are
+in routes/models.py):
 
-- TabbyAPI: GET /v1/model/list and /v1/model (SillyTavern's connect check for its Tabby
-  type), POST /v1/token/encode and /v1/token/decode (its tokenizer; Mikupad's OpenAI mode
-  probes /v1/token/encode for token counts, with Tabby's `text` or Aphrodite's `prompt`).
-- text-generation-webui: GET /v1/internal/model/info (SillyTavern's ooba type turns remote
-  tokenization on when it answers), POST /v1/internal/encode, /decode and /token-count,
+- TabbyAPI: POST /v1/token/encode and /v1/token/decode (SillyTavern's tokenizer for its
+  Tabby type; Mikupad's OpenAI mode probes /v1/token/encode for token counts, with Tabby's
+  `text` or Aphrodite's `prompt`).
+- text-generation-webui: POST /v1/internal/encode, /decode and /token-count,
   and POST /v1/internal/stop-generation (Mikupad's Cancel in OpenAI mode). There it stops
   the one generation the server runs; here it stops nothing by itself, so that no client
   can stop another's: a generation stops when its own client disconnects, which Mikupad
@@ -23,7 +23,6 @@ from pydantic import BaseModel
 
 from llama_srb.api.deps import State, parsed
 from llama_srb.api.routes.tokenize import check_tokens, tokens_of
-from llama_srb.api.schemas.completions import ModelList, OobaModelInfo, TabbyModelCard
 from llama_srb.api.schemas.tokens import (
     DecodeRequest,
     DecodeResponse,
@@ -37,49 +36,27 @@ from llama_srb.api.workers import body_spec
 router = APIRouter(prefix="/v1")
 
 
-def card(state: AppState) -> TabbyModelCard:
-    loaded = state.ready()
-    return TabbyModelCard(
-        id=state.settings.model_name,
-        created=state.created,
-        parameters={"max_seq_len": loaded.n_ctx},
-    )
-
-
-@router.get("/model/list", response_model=ModelList)
-async def model_list(state: State) -> ModelList:
-    return ModelList(data=[card(state)])
-
-
-@router.get("/model", response_model=TabbyModelCard)
-async def model(state: State) -> TabbyModelCard:
-    return card(state)
-
-
-@router.get("/internal/model/info", response_model=OobaModelInfo)
-async def model_info(state: State) -> OobaModelInfo:
-    state.ready()
-    return OobaModelInfo(model_name=state.settings.model_name)
-
-
 async def encode(state: AppState, body: EncodeRequest) -> EncodeResponse:
-    loaded = state.ready()
+    async with state.use() as slot:
+        loaded = slot.ready()
 
-    def run() -> EncodeResponse:
-        tokens = tokens_of(loaded, body.content, body.add_bos_token, body.encode_special_tokens)
-        return EncodeResponse(tokens=tokens, length=len(tokens))
+        def run() -> EncodeResponse:
+            add_bos, special = body.add_bos_token, body.encode_special_tokens
+            tokens = tokens_of(loaded, body.content, add_bos, special)
+            return EncodeResponse(tokens=tokens, length=len(tokens))
 
-    return await state.workers.run(run)
+        return await state.workers.run(run)
 
 
 async def decode(state: AppState, body: DecodeRequest) -> DecodeResponse:
-    loaded = state.ready()
+    async with state.use() as slot:
+        loaded = slot.ready()
 
-    def run() -> DecodeResponse:
-        check_tokens(loaded, body.tokens)
-        return DecodeResponse(text=loaded.model.detokenize(body.tokens))
+        def run() -> DecodeResponse:
+            check_tokens(loaded, body.tokens)
+            return DecodeResponse(text=loaded.model.detokenize(body.tokens))
 
-    return await state.workers.run(run)
+        return await state.workers.run(run)
 
 
 for prefix in ("/token", "/internal"):

@@ -34,6 +34,7 @@ from llama_srb.api.deps import State, parsed
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.kobold import kobold_budget, kobold_params, kobold_prompt
 from llama_srb.api.input.params import build_all
+from llama_srb.api.models import ModelSlot
 from llama_srb.api.render.kobold import KoboldCall
 from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.routes.tokenize import tokens_of
@@ -47,7 +48,6 @@ from llama_srb.api.service import Merged
 from llama_srb.api.state import AppState
 from llama_srb.api.workers import body_spec
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.served import Served
 
 KOBOLDCPP_VERSION = "1.76"  # whose API this is: KoboldAI Lite turns features on by it
 KOBOLDAI_API_VERSION = "1.2.5"  # the KoboldAI United API version KoboldCpp reports
@@ -155,14 +155,14 @@ def kobold_router() -> APIRouter:
         return JSONResponse({"value": number})
 
     async def model_name(state: State) -> JSONResponse:
-        state.ready()
-        return JSONResponse({"result": state.settings.model_name})
+        return JSONResponse({"result": state.models.current().name})
 
     async def api_version() -> JSONResponse:
         return JSONResponse({"result": KOBOLDAI_API_VERSION})
 
     async def max_context_length(state: State) -> JSONResponse:
-        return value(state.ready().n_ctx)
+        async with state.use() as slot:
+            return value(slot.ready().n_ctx)
 
     async def max_length() -> JSONResponse:
         return value(DEFAULT_MAX_LENGTH)  # what a request that does not say generates
@@ -177,7 +177,8 @@ def kobold_router() -> APIRouter:
 
     @router.get("/extra/true_max_context_length")
     async def true_max_context_length(state: State) -> JSONResponse:
-        return value(state.ready().n_ctx)
+        async with state.use() as slot:
+            return value(slot.ready().n_ctx)
 
     @router.get("/extra/version")
     async def koboldcpp_version(state: State) -> JSONResponse:
@@ -209,7 +210,8 @@ def kobold_router() -> APIRouter:
         genkey = body.genkey or secrets.token_hex(16)  # 128 bits: nobody guesses it
         release = functools.partial(genkeys.remove, genkey, job)
 
-        def prepare(loaded: Served, caller: Caller) -> Prepared:
+        def prepare(slot: ModelSlot, caller: Caller) -> Prepared:
+            loaded = slot.ready()
             model = loaded.model
             prompt = kobold_prompt(body, model, loaded.n_ctx)
             _, max_length = kobold_budget(body, loaded.n_ctx)
@@ -221,7 +223,14 @@ def kobold_router() -> APIRouter:
         genkeys.add(genkey, job)  # before it is built: an abort may come that early
         try:
             response = await respond(
-                state, http, body, 1, prepare, stream=stream, submitting=job.submitting
+                state,
+                http,
+                body,
+                1,
+                prepare,
+                stream=stream,
+                submitting=job.submitting,
+                failed=release,  # in a stream that waited for its model's load
             )
         except BaseException:  # refused, or failed before its answer began
             release()
@@ -275,8 +284,9 @@ def kobold_router() -> APIRouter:
         if job is None:
             return JSONResponse({"success": "false", "done": "false"})  # KoboldCpp's strings
         job.aborted = True
-        for request_id in job.request_ids:
-            state.ready().runtime.abort(request_id)  # its outputs end, as if it had finished
+        for request_id in job.request_ids:  # its outputs end, as if it had finished
+            for slot in state.models.loaded():  # ids are unique: the others ignore it
+                slot.ready().runtime.abort(request_id)
         return JSONResponse({"success": "true", "done": "true"})
 
     @router.post(
@@ -288,12 +298,11 @@ def kobold_router() -> APIRouter:
         body: Annotated[TokenCountRequest, Depends(parsed(TokenCountRequest))],
         state: State,
     ) -> JSONResponse:
-        loaded = state.ready()
-
-        def run() -> list[int]:
-            return tokens_of(loaded, body.prompt, body.special, True)
-
-        ids = await state.workers.run(run)
+        async with state.use() as slot:
+            loaded = slot.ready()
+            ids = await state.workers.run(
+                lambda: tokens_of(loaded, body.prompt, body.special, True)
+            )
         return JSONResponse({"value": len(ids), "ids": ids})
 
     return router

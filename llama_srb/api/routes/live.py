@@ -81,11 +81,13 @@ async def fork(
     for name in NOT_FOR_FORKS:
         if name in changes:
             raise APIError(400, f"a fork continues the choice's text: `{name}` is the call's", name)
-    loaded = state.ready()
     tokens, text = call.text_of(index)
     prompt = call.specs[position].prompt
-    head = await state.workers.run(lambda: fork_point(loaded.model, tokens, text, body.at))
+    async with state.use(call.model) as slot:
+        model = slot.ready().model
+        head = await state.workers.run(lambda: fork_point(model, tokens, text, body.at))
     values = {**call.body.model_dump(exclude_unset=True, by_alias=True), **changes}
+    values["model"] = call.model  # the call's own, whichever model is current now
     values.pop("echo", None)  # the answer is what follows the fork point
     if "prompt" in values:  # a completions body: its prompt is the fork's tokens
         values["prompt"] = prompt + head
@@ -100,17 +102,18 @@ async def drop(response_id: str, index: int, http: Request, state: State) -> JSO
     call = _call_of(state, http, response_id)
     position, branch = call.locate(index)
     options = await _optional_body(http, DropBody)
-    loaded = state.ready()
-    refill = None
-    if options.refill:
-        if len(call.specs) > 1:
-            raise APIError(400, "refill takes a call with one prompt", param="refill")
-        params = call.specs[0].params
-        seed = _seed(params, call.n + call.refills)
-        refill = await state.workers.run(
-            lambda: build_refill(loaded.model, params, seed), Built.close
-        )
-    refilled = await loaded.runtime.drop(call.request_ids[position], branch, refill)
+    if options.refill and len(call.specs) > 1:
+        raise APIError(400, "refill takes a call with one prompt", param="refill")
+    async with state.use(call.model) as slot:
+        loaded = slot.ready()
+        refill = None
+        if options.refill:
+            params = call.specs[0].params
+            seed = _seed(params, call.n + call.refills)
+            refill = await state.workers.run(
+                lambda: build_refill(loaded.model, params, seed), Built.close
+            )
+        refilled = await loaded.runtime.drop(call.request_ids[position], branch, refill)
     if refilled is not None:
         call.refills += 1
     return JSONResponse(
@@ -145,7 +148,6 @@ async def steer(
         raise APIError(
             400, "a constrained choice follows its grammar: it takes no `append`", "append"
         )
-    loaded = state.ready()
     steered = {**call.steered.get(index, {}), **changes}
     params = (
         dataclasses.replace(spec.params.for_branch(branch), choices_params=(), **steered)
@@ -153,17 +155,21 @@ async def steer(
         else None
     )  # SamplingParams checks each field (ParamError: a 400 naming it)
 
-    def build() -> tuple[Built[BranchSampler] | None, list[int]]:
-        sampler = build_steer(loaded.model, params, _seed(spec.params, branch)) if params else None
-        words = body.append or ""
-        return sampler, loaded.model.tokenize(words, add_special=False, parse_special=False)
-
     def discard(built: tuple[Built[BranchSampler] | None, list[int]]) -> None:
         if built[0] is not None:
             built[0].close()
 
-    sampler, append = await state.workers.run(build, discard)
-    await loaded.runtime.steer(call.request_ids[position], branch, sampler, append)
+    async with state.use(call.model) as slot:
+        loaded = slot.ready()
+
+        def build() -> tuple[Built[BranchSampler] | None, list[int]]:
+            seed = _seed(spec.params, branch)
+            sampler = build_steer(loaded.model, params, seed) if params else None
+            words = body.append or ""
+            return sampler, loaded.model.tokenize(words, add_special=False, parse_special=False)
+
+        sampler, append = await state.workers.run(build, discard)
+        await loaded.runtime.steer(call.request_ids[position], branch, sampler, append)
     call.steered[index] = steered
     return JSONResponse(
         {

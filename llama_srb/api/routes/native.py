@@ -15,14 +15,15 @@ from llama_srb.api.deps import State, parsed
 from llama_srb.api.input.native import native_params, sampler_list
 from llama_srb.api.input.params import build_all
 from llama_srb.api.input.prompts import count_prompts, parse_prompts
+from llama_srb.api.models import ModelSlot
 from llama_srb.api.render.native import NativeCall, NativeOptions, generation_settings
 from llama_srb.api.render.progress import PromptProgress
 from llama_srb.api.routes.generate import Prepared, respond
 from llama_srb.api.schemas.native import NativeCompletionRequest
 from llama_srb.api.workers import body_spec
+from llama_srb.config import Settings
 from llama_srb.engine.spec import RequestSpec
 from llama_srb.sampling.params import SamplingParams
-from llama_srb.served import Served
 
 router = APIRouter()
 
@@ -32,7 +33,8 @@ async def completion(
     http: Request,
     state: State,
 ) -> Response:
-    def prepare(loaded: Served, caller: Caller) -> Prepared:
+    def prepare(slot: ModelSlot, caller: Caller) -> Prepared:
+        loaded = slot.ready()
         model = loaded.model
         prompts = parse_prompts(body.prompt, model, loaded.n_ctx)
         longest = max(len(p.tokens) for p in prompts)
@@ -42,7 +44,7 @@ async def completion(
             for p in prompts
         ]
         options = NativeOptions(
-            model=state.settings.model_name,
+            model=slot.name,
             n=body.n,
             n_probs=body.n_probs,
             post_sampling_probs=body.post_sampling_probs,
@@ -72,34 +74,36 @@ for path in ("/completion", "/completions"):
 async def props(state: State) -> JSONResponse:
     """llama-server's /props: what SillyTavern reads to derive its templates."""
     settings = state.settings
-    loaded = state.ready()
-    served = state.chat_template()
+    async with state.use() as slot:
+        return JSONResponse(_props(settings, slot))
+
+
+def _props(settings: Settings, slot: ModelSlot) -> dict[str, object]:
+    loaded, served = slot.ready(), slot.chat_template()
     model = loaded.model
     # llama-server's defaults say -1 for "until the end"; ours is what fits (native_params)
     defaults = {
-        **generation_settings(SamplingParams(), NativeOptions(settings.model_name, 1)),
+        **generation_settings(SamplingParams(), NativeOptions(slot.name, 1)),
         "n_predict": -1,
         "max_tokens": -1,
     }
-    return JSONResponse(
-        {
-            "default_generation_settings": {
-                "id": 0,
-                "id_task": -1,
-                "n_ctx": loaded.n_ctx,
-                "speculative": False,
-                "is_processing": False,
-                "params": defaults,
-                "prompt": "",
-            },
-            "total_slots": settings.max_sequences,
-            "model_alias": settings.model_name,
-            "model_path": str(settings.resolved_model_path()),
-            "chat_template": served.source,
-            "chat_template_source": served.origin,  # ours: where it came from
-            "bos_token": model.special_text(model.bos),
-            "eos_token": model.special_text(model.eos),
-            "modalities": {"vision": False, "audio": False},
-            "build_info": "llama-srb",
-        }
-    )
+    return {
+        "default_generation_settings": {
+            "id": 0,
+            "id_task": -1,
+            "n_ctx": loaded.n_ctx,
+            "speculative": False,
+            "is_processing": False,
+            "params": defaults,
+            "prompt": "",
+        },
+        "total_slots": settings.max_sequences,
+        "model_alias": slot.name,
+        "model_path": str(slot.settings.resolved_model_path()),
+        "chat_template": served.source,
+        "chat_template_source": served.origin,  # ours: where it came from
+        "bos_token": model.special_text(model.bos),
+        "eos_token": model.special_text(model.eos),
+        "modalities": {"vision": False, "audio": False},
+        "build_info": "llama-srb",
+    }

@@ -30,18 +30,18 @@ router = APIRouter()
 async def tokenize(
     body: Annotated[TokenizeRequest, Depends(parsed(TokenizeRequest))], state: State
 ) -> Response:
-    loaded = state.ready()
-    model = loaded.model
+    async with state.use(state.models.named(body.model)) as slot:
+        return await state.workers.run(lambda: _tokenized(slot.ready(), body))
 
-    def run() -> Response:  # megabytes of text take seconds: off the loop, JSON included
-        tokens = tokens_of(loaded, body.text, body.bos, body.parse_special)
-        count, most = len(tokens), loaded.n_ctx
-        if not body.with_pieces:
-            return _json(TokenizeResponse(tokens=tokens, count=count, max_model_len=most))
-        pieces = [TokenPiece(id=t, piece=_piece(model.special_piece(t))) for t in tokens]
-        return _json(TokenizeResponse(tokens=pieces, count=count, max_model_len=most))
 
-    return await state.workers.run(run)
+def _tokenized(loaded: Served, body: TokenizeRequest) -> Response:
+    """A worker's job: megabytes of text take seconds, JSON included."""
+    tokens = tokens_of(loaded, body.text, body.bos, body.parse_special)
+    count, most = len(tokens), loaded.n_ctx
+    if not body.with_pieces:
+        return _json(TokenizeResponse(tokens=tokens, count=count, max_model_len=most))
+    pieces = [TokenPiece(id=t, piece=_piece(loaded.model.special_piece(t))) for t in tokens]
+    return _json(TokenizeResponse(tokens=pieces, count=count, max_model_len=most))
 
 
 @router.post(
@@ -50,13 +50,14 @@ async def tokenize(
 async def detokenize(
     body: Annotated[DetokenizeRequest, Depends(parsed(DetokenizeRequest))], state: State
 ) -> Response:
-    loaded = state.ready()
+    async with state.use() as slot:
+        loaded = slot.ready()
 
-    def run() -> Response:
-        check_tokens(loaded, body.tokens)
-        return _json(DetokenizeResponse(content=loaded.model.detokenize(body.tokens)))
+        def run() -> Response:
+            check_tokens(loaded, body.tokens)
+            return _json(DetokenizeResponse(content=loaded.model.detokenize(body.tokens)))
 
-    return await state.workers.run(run)
+        return await state.workers.run(run)
 
 
 def tokens_of(loaded: Served, text: str, add_special: bool, parse_special: bool) -> list[int]:

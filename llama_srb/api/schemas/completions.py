@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
@@ -78,10 +78,17 @@ class Completion(BaseModel):
 
 
 class ModelCard(BaseModel):
+    """OpenAI's model card, with what llama.cpp's router (`status`) and TabbyAPI
+    (`parameters`) add, and our own `state` and `error` (api/models.py)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "llama-srb"
+    status: dict[str, Any] = Field(default_factory=dict)  # {"value": "loaded", ...}
+    state: str = "loaded"  # loaded, loading, unloading, sleeping, available or failed
+    error: str | None = None  # why its last load failed
+    parameters: dict[str, int] = Field(default_factory=dict)  # max_seq_len, once loaded
 
 
 class ModelList(BaseModel):
@@ -89,11 +96,7 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-# Other servers' model cards (routes/dialects.py): TabbyAPI's and text-generation-webui's.
-
-
-class TabbyModelCard(ModelCard):
-    parameters: dict[str, int] = Field(default_factory=dict)
+# text-generation-webui's model info (routes/models.py).
 
 
 class OobaModelInfo(BaseModel):

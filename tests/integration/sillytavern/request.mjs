@@ -15,7 +15,7 @@
 // - the API type as the #textgen_type change handler sets it: for vLLM, Aphrodite and
 //   InfermaticAI a Top K of 0 becomes -1 (their "off");
 // - "Multiple swipes per generation" (`n`), the server URL and, for vLLM and Aphrodite,
-//   the model picked from the server's list.
+//   the model picked from the server's list (and for Tabby and llama.cpp, since 1.19).
 // Prints the bodies, and src/constants.js' key lists the ST server filters bodies with.
 import { readFileSync } from 'node:fs';
 import { register } from 'node:module';
@@ -93,7 +93,10 @@ async function settingsFor(testCase) {
     }
     settings.n = testCase.n;
     settings.server_urls = { [testCase.type]: testCase.serverUrl };
+    // the model picked from the server's list (1.19's Tabby and llama.cpp types have a
+    // picker too, textgen-models.js: the first listed until one is chosen)
     settings.vllm_model = settings.aphrodite_model = testCase.model;
+    settings.tabby_model = settings.llamacpp_model = testCase.model;
     return settings;
 }
 

@@ -1,0 +1,320 @@
+"""Backend sampling (issue 39), measured before it is built: what the server's host path
+costs per branch-step and reads of llama.cpp's output, and what llama.cpp's own device cut
+(a `top_k(K)` chain attached to every sequence with `llama_set_sampler`, run inside
+`llama_decode`'s graph) would cost and save on this machine, with real decodes throughout.
+
+    .venv/bin/python bench/bench_backend_sampling.py [--ns 8,64] [--tokens 32] [--k 64]
+                                                     [--presets defaults,st-default,...]
+                                                     [--model gemma-3-270m]
+
+1. **The engine** (the server's step: `Engine` over a real context, one request of n
+   branches stepped to its end, `ignore_eos`): host ms per branch-step (the wall less
+   `llama_decode`'s time, over the tokens drawn), logits bytes the host read per
+   branch-step (`EngineStats.logits_bytes_read`, on /metrics as
+   `llama_srb_logits_bytes_read_total`), ms per decode step, and the run's wall.
+2. **Sampling alone, host rows against llama.cpp's device cut**: a loop of n sequences
+   decoded together, each branch sampling its token with the request's own chain
+   (sampling/branch.py). *host*: from the whole row, as the engine does. *device*: from
+   the K candidates llama.cpp's `top_k(K)` left (`llama_get_sampled_candidates_ith` and
+   `_logits_ith`), the chain finished on them exactly as the host path finishes its own
+   cut, when the candidates prove it (the chain's first cut is a top-k of k < K, or the
+   greedy pick, and no head; the k-th candidate above the K-th); other chains have no
+   device column. Both loops decode the same tokens in the same batches, so the same rows:
+   `same` counts the branches whose tokens agree over the run (every branch, when the
+   device cut loses nothing). Host ms is the loop's wall less `llama_decode`; decode ms is
+   per step, the device cut included; the first step (llama.cpp's setup for a new batch
+   shape) is not counted in either.
+3. The cost of attaching: the first decode after `llama_set_sampler` on every sequence
+   re-reserves llama.cpp's scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp as C
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_host import STORY, request_params
+from bench.presets import all_presets
+from llama_srb.bundled_model import DEFAULT
+from llama_srb.config import Settings
+from llama_srb.engine.build import build
+from llama_srb.engine.engine import Engine
+from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.spec import RequestSpec
+from llama_srb.loader import model_options
+from llama_srb.native import Batch, Context, ContextOptions, Model
+from llama_srb.sampling.branch import BranchSampler, build_samplers
+from llama_srb.sampling.chain import CutKind
+from llama_srb.sampling.cut import Row
+
+N_CTX = 8192
+PROMPT_TOKENS = 32
+
+
+@dataclass
+class EngineRun:
+    host_ms: float  # per branch-step
+    bytes_per_step: float  # logits bytes per branch-step
+    decode_ms: float  # per step
+    wall: float  # seconds
+
+
+def engine_run(model: Model, body: dict[str, Any], n: int, tokens: int) -> EngineRun:
+    """One request of n branches, stepped to its end alone, with real decodes."""
+    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=n + 8, n_batch=512))
+    engine = Engine(model, ctx, KvBudget(n, N_CTX, cache_paths=8, cache_cells=0))
+    engine.warm_up()
+    params = request_params(model, {**body, "seed": 1}, tokens)
+    prompt = model.tokenize(STORY)[:PROMPT_TOKENS]
+    engine.add(build(model, RequestSpec(prompt, params, n)).take())
+    started = time.perf_counter()
+    while engine.has_work:
+        for output in engine.step():
+            if output.error is not None:
+                raise RuntimeError(output.error)
+    wall = time.perf_counter() - started
+    stats = engine.stats
+    drawn = engine.branch_step.drawn
+    result = EngineRun(
+        (wall - stats.decode_seconds) / drawn * 1e3,
+        stats.logits_bytes_read / drawn,
+        stats.decode_seconds / stats.steps * 1e3,
+        wall,
+    )
+    engine.close()
+    ctx.close()
+    return result
+
+
+@dataclass
+class LoopRun:
+    host_ms: float  # per branch-step
+    decode_ms: float  # per step
+    bytes_per_step: float
+    wall: float
+    tokens: list[list[int]]
+    undecided: int  # rows whose candidates did not prove the cut
+
+
+def provable(sampler: BranchSampler, k_device: int) -> bool:
+    """Whether the device's top-K can decide this chain's cut on every row (ties aside)."""
+    plan = sampler.plan
+    no_head = sampler.head is None and not sampler.params.logit_bias
+    cut_fits = plan.cut is CutKind.GREEDY or (
+        plan.cut is CutKind.TOP_K and sampler.params.top_k < k_device
+    )
+    return no_head and cut_fits and sampler.matcher is None
+
+
+def device_pick(sampler: BranchSampler, ids: np.ndarray, values: np.ndarray) -> int | None:
+    """The chain's token from the device's candidates, or None when they do not prove
+    its cut (the k-th candidate ties the K-th: a token left on the device could tie it)."""
+    order = np.lexsort((ids, -values))  # most likely first, lower ids first on ties
+    ids, values = ids[order].astype(np.int64), values[order]
+    plan = sampler.plan
+    if plan.cut is CutKind.GREEDY:
+        if values[0] <= values[-1]:
+            return None
+        return int(ids[0])
+    k = sampler.params.top_k
+    if values[k - 1] <= values[-1]:
+        return None
+    survivors = values[:k] * np.float32(plan.scale) if plan.scale != 1.0 else values[:k]
+    assert sampler.finish is not None
+    # the finish chain over the survivors, as BranchSampler._run does over its own cut
+    token, _ = sampler._candidates.run(sampler.finish, ids[:k], survivors)
+    return token
+
+
+def sampling_loop(
+    model: Model, body: dict[str, Any], n: int, tokens: int, k_device: int, device: bool
+) -> LoopRun:
+    """n sequences decoded together for `tokens` steps, each branch sampling from its row
+    (host) or from the device's K candidates (device)."""
+    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=n, n_batch=512))
+    params = request_params(model, {**body, "seed": 1}, tokens)
+    samplers = build_samplers(model, params, [1 + i for i in range(n)])
+    chains = []
+    if device:
+        for seq in range(n):
+            chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+            C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(k_device))
+            assert C.llama_set_sampler(ctx.ptr, seq, chain)
+            chains.append(chain)
+    prompt = model.tokenize(STORY)[:PROMPT_TOKENS]
+    batch = Batch(max(n, len(prompt)))
+    batch.add_span(prompt[:-1], 0, 0, False)
+    ctx.decode(batch)
+    for seq in range(1, n):
+        ctx.seq_cp(0, seq)
+    last = [prompt[-1]] * n
+    out: list[list[int]] = [[] for _ in range(n)]
+    decode = host = 0.0
+    undecided = 0
+    read = 0
+    for step in range(tokens):
+        batch.clear()
+        for seq in range(n):
+            batch.add(last[seq], len(prompt) - 1 + step, seq, True)
+        started = time.perf_counter()
+        ctx.decode(batch)
+        C.llama_synchronize(ctx.ptr)
+        decoded = time.perf_counter()
+        if step:  # the first call of this shape sets llama.cpp up: not counted
+            decode += decoded - started
+        for i, sampler in enumerate(samplers):
+            token = None
+            if device:
+                count = C.llama_get_sampled_candidates_count_ith(ctx.ptr, i)
+                ids = np.ctypeslib.as_array(
+                    C.llama_get_sampled_candidates_ith(ctx.ptr, i), shape=(count,)
+                )
+                values = np.ctypeslib.as_array(
+                    C.llama_get_sampled_logits_ith(ctx.ptr, i), shape=(count,)
+                )
+                read += ids.nbytes + values.nbytes
+                token = device_pick(sampler, ids, values)
+                if token is None:
+                    undecided += 1  # the host path would read the row (see docs/sampling.md)
+                    token = -1
+                else:
+                    sampler.accept(token)
+            else:
+                row = Row(ctx.logits()[i])
+                read += row.logits.nbytes
+                token = sampler.sample(row)
+            out[i].append(token)
+            last[i] = max(token, 0)
+        if step:
+            host += time.perf_counter() - decoded
+    wall = decode + host  # over the steps counted
+    for sampler in samplers:
+        sampler.close()
+    batch.close()
+    ctx.close()
+    for chain in chains:
+        C.llama_sampler_free(chain)
+    steps = n * (tokens - 1)
+    return LoopRun(
+        host / steps * 1e3, decode / (tokens - 1) * 1e3, read / (n * tokens), wall, out, undecided
+    )
+
+
+def attach_cost(model: Model, n_seq: int, k_device: int) -> tuple[float, float, float]:
+    """Seconds of: a plain decode of one token, llama_set_sampler on every sequence, and
+    the first decode after it (llama.cpp re-reserves its scheduler for the new graph)."""
+    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=n_seq, n_batch=512))
+    batch = Batch(1)
+    timings = []
+    for pos in range(2):
+        batch.clear()
+        batch.add(2, pos, 0, True)
+        started = time.perf_counter()
+        ctx.decode(batch)
+        timings.append(time.perf_counter() - started)
+    chains = []
+    started = time.perf_counter()
+    for seq in range(n_seq):
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        C.llama_sampler_chain_add(chain, C.llama_sampler_init_top_k(k_device))
+        C.llama_set_sampler(ctx.ptr, seq, chain)
+        chains.append(chain)
+    attach = time.perf_counter() - started
+    batch.clear()
+    batch.add(2, 2, 0, True)
+    started = time.perf_counter()
+    ctx.decode(batch)
+    first = time.perf_counter() - started
+    batch.close()
+    ctx.close()
+    for chain in chains:
+        C.llama_sampler_free(chain)
+    return timings[-1], attach, first
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ns", default="8,64")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--k", type=int, default=64, help="the device cut's K")
+    parser.add_argument(
+        "--presets", default="defaults,greedy,st-default,st-universal-light,st-neutral"
+    )
+    parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
+    args = parser.parse_args()
+    ns = [int(x) for x in args.ns.split(",")]
+    settings = Settings(model=args.model)
+    model = Model(settings.resolved_model_path(), model_options(settings))
+    quiet = C.llama_log_callback(lambda *_: None)  # kept: llama.cpp calls it from C
+    C.llama_log_set(quiet, ctypes.c_void_p())
+    presets = all_presets()
+    names = args.presets.split(",")
+    print(f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos, real decodes")
+
+    print("\n1. The engine (the server's step, backend sampling off)\n")
+    print("| preset | n | host ms / branch-step | logits bytes / branch-step |", end="")
+    print(" decode ms / step | wall s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        for n in ns:
+            r = engine_run(model, presets[name], n, args.tokens)
+            print(
+                f"| {name} | {n} | {r.host_ms:.3f} | {r.bytes_per_step:,.0f} |"
+                f" {r.decode_ms:.1f} | {r.wall:.2f} |",
+                flush=True,
+            )
+
+    print(f"\n2. Sampling alone: host rows against llama.cpp's device top_k({args.k})\n")
+    print("| preset | n | host: host ms / branch-step | device: host ms / branch-step |", end="")
+    print(" host: bytes | device: bytes | decode ms host / device | wall s host / device |", end="")
+    print(" same | undecided |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        params = request_params(model, presets[name], args.tokens)
+        (probe,) = build_samplers(model, params, [1])
+        fits = provable(probe, args.k)
+        probe.close()
+        for n in ns:
+            h = sampling_loop(model, presets[name], n, args.tokens, args.k, device=False)
+            if not fits:
+                print(
+                    f"| {name} | {n} | {h.host_ms:.3f} | (host path) | {h.bytes_per_step:,.0f} |"
+                    f" | {h.decode_ms:.1f} / | {h.wall:.2f} / | | |",
+                    flush=True,
+                )
+                continue
+            d = sampling_loop(model, presets[name], n, args.tokens, args.k, device=True)
+            same = sum(a == b for a, b in zip(h.tokens, d.tokens, strict=True))
+            print(
+                f"| {name} | {n} | {h.host_ms:.3f} | {d.host_ms:.3f} | {h.bytes_per_step:,.0f} |"
+                f" {d.bytes_per_step:,.0f} | {h.decode_ms:.1f} / {d.decode_ms:.1f} |"
+                f" {h.wall:.2f} / {d.wall:.2f} | {same}/{n} | {d.undecided} |",
+                flush=True,
+            )
+
+    print("\n3. Attaching the device chain to every sequence\n")
+    print("| sequences | a 1-token decode ms | llama_set_sampler ×n ms | first decode after ms |")
+    print("|---:|---:|---:|---:|")
+    for n_seq in (16, 128):
+        plain, attach, first = attach_cost(model, n_seq, args.k)
+        print(f"| {n_seq} | {plain * 1e3:.1f} | {attach * 1e3:.1f} | {first * 1e3:.1f} |")
+    print(
+        "\nreproduce: .venv/bin/python bench/bench_backend_sampling.py"
+        f" --ns {args.ns} --tokens {args.tokens} --k {args.k} --presets {args.presets}"
+        + ("" if args.model == DEFAULT else f" --model {args.model}")
+    )
+    model.close()
+
+
+if __name__ == "__main__":
+    main()
