@@ -43,6 +43,7 @@ from llama_srb.served import Served
 
 log = logging.getLogger(__name__)
 
+GiB = 1 << 30
 CPU_TOKENS_PER_CALL = 63  # below llama.cpp's CPU flash-attention tile (GGML_FA_TILE_Q, 64)
 # At shutdown, how long the engine thread gets to end its step; one stuck in a native call
 # never will, and the process exits without it (api/shutdown.py).
@@ -117,6 +118,24 @@ def model_options(settings: Settings) -> ModelOptions:
     )
 
 
+def offloaded(settings: Settings) -> bool:
+    """Whether layers (and their KV cells) go to a GPU."""
+    return settings.n_gpu_layers != 0 and has_gpu_device()
+
+
+def kv_fit_error(n_ctx: int, bytes_per_cell: int, available: int | None) -> str | None:
+    """Why a KV cache of `n_ctx` cells cannot fit in the host memory `available`, or None:
+    a context the system cannot back would get the process killed once its cells are
+    touched, taking every other model down with it."""
+    need = n_ctx * bytes_per_cell
+    if available is None or need <= available:
+        return None
+    return (
+        f"--n-ctx {n_ctx} needs {need / GiB:.1f} GiB of KV cache and {available / GiB:.1f} GiB"
+        " of memory are available: lower --n-ctx, or leave it out to fit it to memory"
+    )
+
+
 def tokens_per_call(settings: Settings) -> int:
     """--tokens-per-call, or its default: on the CPU, llama.cpp's flash attention handles
     64 or more rows in tiles that each attend over every cell any of their rows may see,
@@ -124,8 +143,7 @@ def tokens_per_call(settings: Settings) -> int:
     tile (bench/bench_calls.py). Offloaded, one call per step reads the weights once."""
     if settings.tokens_per_call is not None:
         return settings.tokens_per_call
-    offloaded = settings.n_gpu_layers != 0 and has_gpu_device()
-    return 0 if offloaded else CPU_TOKENS_PER_CALL
+    return 0 if offloaded(settings) else CPU_TOKENS_PER_CALL
 
 
 def kv_budget(settings: Settings, n_ctx: int, tiers: TierStore | None = None) -> KvBudget:
@@ -276,9 +294,13 @@ def open_context(model: Model, settings: Settings) -> Context:
         raise ValueError(error)
     if types != (DEFAULT_KV_TYPE, DEFAULT_KV_TYPE):
         log.info("KV cache %s, flash attention %s", label(*types), flash_attn(settings).value)
-    if settings.n_ctx is not None:
-        return Context(model, context_options(settings, settings.n_ctx))
     per_cell = kv_bytes_per_cell(model, *types)
+    if settings.n_ctx is not None:
+        if not offloaded(settings):  # the cells live in host memory: refused, not killed
+            error = kv_fit_error(settings.n_ctx, per_cell, available_memory())
+            if error is not None:
+                raise ValueError(error)
+        return Context(model, context_options(settings, settings.n_ctx))
     n_ctx, why = fit_n_ctx(model.n_ctx_train, per_cell, available_memory())
     log.info("n_ctx=%d: %s", n_ctx, why)
     while True:

@@ -14,9 +14,7 @@ const MAX_NEW = 64; // refills a stream may add at once: more is not a refill bu
  * to null when the server finished, else to the error (an AbortError when stopped); the
  * node's open cards and its stats are settled either way.
  */
-export async function stream(
-  run, body, { path, apiKey, session, open, update, progress, loading },
-) {
+export async function stream(run, body, { path, apiKey, session, open, update, progress }) {
   const timing = { start: performance.now(), first: null, usage: null };
   let failure = null;
   try {
@@ -34,7 +32,6 @@ export async function stream(
         onChunk(run.node, chunk, timing, update);
       },
       onProgress: progress,
-      onLoading: loading,
     });
   } catch (err) {
     failure = err;
@@ -46,15 +43,14 @@ export async function stream(
   return failure;
 }
 
-/** Reads `prompt` into the server's prefix cache of `model` (null: the server's current
- * one) and nothing more (max_tokens 0), so the next continuation of it starts at once;
- * `progress` hears how far it is read, `loading` that the model loads first. Resolves
+/** Reads `prompt` into the server's prefix cache and nothing more (max_tokens 0), so the
+ * next continuation of it starts at once; `progress` hears how far it is read. Resolves
  * to null, or the error (an AbortError when cancelled). */
-export async function warm(prompt, { apiKey, session, signal, progress, loading, model = null }) {
+export async function warm(prompt, { apiKey, session, signal, progress }) {
   try {
     await streamCompletion(
-      model ? { prompt, max_tokens: 0, n: 1, model } : { prompt, max_tokens: 0, n: 1 },
-      { apiKey, session, signal, onProgress: progress, onChunk: () => {}, onLoading: loading },
+      { prompt, max_tokens: 0, n: 1 },
+      { apiKey, session, signal, onProgress: progress, onChunk: () => {} },
     );
     return null;
   } catch (err) {
@@ -82,11 +78,6 @@ export function finishOpen(node, reason) {
 
 function onChunk(node, chunk, timing, update) {
   if (chunk.usage) timing.usage = chunk.usage;
-  // The model that wrote it, as the server names it (shown with the node's settings). A
-  // new object, never a change in place: copies of the tree share the old one.
-  if (node?.params && typeof chunk.model === "string" && node.params.model !== chunk.model) {
-    node.params = { ...node.params, model: chunk.model };
-  }
   for (const delta of chunk.choices ?? []) {
     const choice = node && (node.choices[delta.index] ?? grow(node, delta.index));
     if (!choice) continue;

@@ -181,7 +181,7 @@ export class StorySync {
   async createOnServer(tree) {
     const draft = {
       id: this.id, name: tree.name || undefined, current: tree.current, context: tree.context,
-      settings: tree.settings, model: tree.model ?? undefined, nodes: [...tree.nodes.values()],
+      settings: tree.settings, nodes: [...tree.nodes.values()],
     };
     try {
       const story = await stories.create(draft, this.hooks.apiKey());
@@ -415,6 +415,5 @@ export function fromServer(story) {
     { allowNoCurrent: true },
   );
   tree.name = story.name;
-  tree.model = story.model ?? null;
   return tree;
 }

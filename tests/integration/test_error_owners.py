@@ -32,7 +32,9 @@ RESPONSE_FORMAT = {
         "type": "json_schema",
         "json_schema": {"name": "a", "schema": {"type": "string", "pattern": PATTERN}},
     },
-    "logit_bias": [["a", 100]],  # or the model closes the string at once
+    # a's, or the model closes the string at once; and never SmolLM2's one-token `""` (an
+    # empty string) as the first token, where the a's bias cannot reach (`"` + a's can)
+    "logit_bias": [["a", 100], ['""', -100]],
     "ignore_eos": True,
     "max_tokens": 96,
 }

@@ -21,6 +21,7 @@ from llama_srb.config import Settings
 from llama_srb.engine.build import Submission
 from llama_srb.engine.generation import Unloaded
 from llama_srb.engine.runtime import Runtime
+from llama_srb.loader import kv_fit_error
 from llama_srb.served import Served
 from tests.unit.fake_context import make_engine, served
 from tests.unit.test_runtime import FakeEngine, face, make_request
@@ -371,3 +372,13 @@ def wait_for(condition: object, within: float = 10) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "not within the time"
         time.sleep(0.02)
+
+
+def test_a_fixed_context_that_host_memory_cannot_back_is_refused_with_its_numbers() -> None:
+    assert kv_fit_error(4096, 1 << 20, 8 << 30) is None  # 4 GiB of cells in 8
+    error = kv_fit_error(16384, 1 << 20, 8 << 30)
+    assert error == (
+        "--n-ctx 16384 needs 16.0 GiB of KV cache and 8.0 GiB of memory are available:"
+        " lower --n-ctx, or leave it out to fit it to memory"
+    )
+    assert kv_fit_error(1 << 20, 1 << 20, None) is None  # unknown: llama.cpp's own check
