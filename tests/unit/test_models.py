@@ -382,3 +382,19 @@ def test_a_fixed_context_that_host_memory_cannot_back_is_refused_with_its_number
         " lower --n-ctx, or leave it out to fit it to memory"
     )
     assert kv_fit_error(1 << 20, 1 << 20, None) is None  # unknown: llama.cpp's own check
+
+
+def test_another_origin_s_page_cannot_load_or_unload_a_model(tmp_path: Path) -> None:
+    """Without keys the origin rules guard the admin routes (api/origins.py): a page of
+    another site gets 403 before anything loads; a page of this machine may."""
+    loads = Loads()
+    app = create_app(Settings(models=[SMOL], data_dir=tmp_path), loader=loads)
+    client = TestClient(app)
+    evil, local = {"Origin": "https://evil.example"}, {"Origin": "http://localhost:8000"}
+    for path, body in [("/models/load", {"model": SMOL}), ("/v1/model/load", {"model_name": SMOL})]:
+        assert client.post(path, json=body, headers=evil).status_code == 403
+    for path in ("/models/unload", "/v1/model/unload"):
+        assert client.post(path, json={"model": SMOL}, headers=evil).status_code == 403
+    assert loads.loaded == []
+    assert client.get("/v1/auth/permission", headers=local).json() == {"permission": "admin"}
+    loads.stop()
