@@ -18,7 +18,7 @@ from pathlib import Path
 import llama_cpp as C
 
 from llama_srb.bundled_model import known_sha256
-from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, Settings, SplitMode, fit_n_ctx
+from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, GiB, Settings, SplitMode, fit_n_ctx
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.runtime import Runtime
@@ -43,7 +43,6 @@ from llama_srb.served import Served
 
 log = logging.getLogger(__name__)
 
-GiB = 1 << 30
 CPU_TOKENS_PER_CALL = 63  # below llama.cpp's CPU flash-attention tile (GGML_FA_TILE_Q, 64)
 # At shutdown, how long the engine thread gets to end its step; one stuck in a native call
 # never will, and the process exits without it (api/shutdown.py).

@@ -26,13 +26,12 @@ from pathlib import Path
 
 from llama_srb.api.errors import APIError
 from llama_srb.api.input.chat import ServedTemplate
-from llama_srb.config import Settings
+from llama_srb.config import GiB, Settings
 from llama_srb.engine.generation import Unloaded
 from llama_srb.served import Served
 
 log = logging.getLogger(__name__)
 
-GiB = 1 << 30
 POLL_S = 0.05  # how often an unload looks whether the requests on its model have ended
 
 # Loads a model's engine and picks its chat template (on a worker thread: seconds).
