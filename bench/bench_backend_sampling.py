@@ -1,29 +1,33 @@
-"""Backend sampling (issue 39), measured before it is built: what the server's host path
-costs per branch-step and reads of llama.cpp's output, and what llama.cpp's own device cut
-(a `top_k(K)` chain attached to every sequence with `llama_set_sampler`, run inside
-`llama_decode`'s graph) would cost and save on this machine, with real decodes throughout.
+"""Backend sampling (issue 39, `--backend-sampling`): what the server's step costs on the
+host per branch-step and reads of llama.cpp's output with it off and on, and what
+llama.cpp's device cut (a `top_k(K)` chain attached to sequences with `llama_set_sampler`,
+run inside `llama_decode`'s graph) costs and saves on this machine, real decodes throughout.
 
     .venv/bin/python bench/bench_backend_sampling.py [--ns 8,64] [--tokens 32] [--k 64]
                                                      [--presets defaults,st-default,...]
+                                                     [--repeats 1] [--parts 1,2,3]
                                                      [--model gemma-3-270m]
+                                                     [--no-sillytavern]
 
 1. **The engine** (the server's step: `Engine` over a real context, one request of n
-   branches stepped to its end, `ignore_eos`): host ms per branch-step (the wall less
-   `llama_decode`'s time, over the tokens drawn), logits bytes the host read per
-   branch-step (`EngineStats.logits_bytes_read`, on /metrics as
-   `llama_srb_logits_bytes_read_total`), ms per decode step, and the run's wall.
+   branches stepped to its end alone, `ignore_eos`), backend sampling off and on (its
+   top_k(64) chain on the request's n sequence ids, as `--backend-sampling on` with
+   `--max-n` n): host ms per branch-step (the wall less `llama_decode`'s time, over the
+   tokens drawn), logits bytes the host read per branch-step
+   (`llama_srb_logits_bytes_read_total`), ms per decode step, the run's wall and its ratio;
+   with `--repeats`, off and on alternate and each figure is the median.
 2. **Sampling alone, host rows against llama.cpp's device cut**: a loop of n sequences
    decoded together, each branch sampling its token with the request's own chain
    (sampling/branch.py). *host*: from the whole row, as the engine does. *device*: from
    the K candidates llama.cpp's `top_k(K)` left (`llama_get_sampled_candidates_ith` and
    `_logits_ith`), the chain finished on them exactly as the host path finishes its own
-   cut, when the candidates prove it (the chain's first cut is a top-k of k < K, or the
-   greedy pick, and no head; the k-th candidate above the K-th); other chains have no
-   device column. Both loops decode the same tokens in the same batches, so the same rows:
-   `same` counts the branches whose tokens agree over the run (every branch, when the
-   device cut loses nothing). Host ms is the loop's wall less `llama_decode`; decode ms is
-   per step, the device cut included; the first step (llama.cpp's setup for a new batch
-   shape) is not counted in either.
+   cut, when the candidates prove it (the chain's first cut is a top-k of k < K, the
+   greedy pick or a min-p, and no head; the k-th candidate, or the min-p's threshold,
+   above the K-th); other chains have no device column. Both loops decode the same
+   tokens in the same batches, so the same rows: `same` counts the branches whose tokens
+   agree over the run (every branch, when the device cut loses nothing). Host ms is the
+   loop's wall less `llama_decode`; decode ms is per step, the device cut included; the
+   first step (llama.cpp's setup for a new batch shape) is not counted in either.
 3. The cost of attaching: the first decode after `llama_set_sampler` on every sequence
    re-reserves llama.cpp's scheduler.
 """
@@ -48,14 +52,15 @@ from bench.presets import all_presets
 from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
 from llama_srb.engine.build import build
+from llama_srb.engine.device_cut import DEVICE_TOP_K
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.spec import RequestSpec
 from llama_srb.loader import model_options
 from llama_srb.native import Batch, Context, ContextOptions, Model
 from llama_srb.sampling.branch import BranchSampler, build_samplers
-from llama_srb.sampling.chain import CutKind
 from llama_srb.sampling.cut import Row
+from llama_srb.sampling.device_row import DeviceRow, Undecided
 
 N_CTX = 8192
 PROMPT_TOKENS = 32
@@ -69,10 +74,19 @@ class EngineRun:
     wall: float  # seconds
 
 
-def engine_run(model: Model, body: dict[str, Any], n: int, tokens: int) -> EngineRun:
-    """One request of n branches, stepped to its end alone, with real decodes."""
-    ctx = Context(model, ContextOptions(n_ctx=N_CTX, n_seq_max=n + 8, n_batch=512))
-    engine = Engine(model, ctx, KvBudget(n, N_CTX, cache_paths=8, cache_cells=0))
+def engine_run(
+    model: Model, body: dict[str, Any], n: int, tokens: int, device: bool = False
+) -> EngineRun:
+    """One request of n branches, stepped to its end alone, with real decodes; with
+    `device`, backend sampling on (the server's --backend-sampling on: a top_k(64) chain
+    on each of the n sequence ids, one scratch id more)."""
+    k = DEVICE_TOP_K if device else 0
+    budget = KvBudget(n, N_CTX, cache_paths=8, cache_cells=0)
+    options = ContextOptions(
+        n_ctx=N_CTX, n_seq_max=budget.n_seq + device, n_batch=512, device_top_k=k, chained=n
+    )
+    ctx = Context(model, options)
+    engine = Engine(model, ctx, budget, device_top_k=k, chained=n)
     engine.warm_up()
     params = request_params(model, {**body, "seed": 1}, tokens)
     prompt = model.tokenize(STORY)[:PROMPT_TOKENS]
@@ -96,6 +110,13 @@ def engine_run(model: Model, body: dict[str, Any], n: int, tokens: int) -> Engin
     return result
 
 
+def median_run(runs: list[EngineRun]) -> EngineRun:
+    """Each figure's median over the runs."""
+    return EngineRun(
+        *(float(np.median([getattr(r, f) for r in runs])) for f in EngineRun.__dataclass_fields__)
+    )
+
+
 @dataclass
 class LoopRun:
     host_ms: float  # per branch-step
@@ -107,33 +128,8 @@ class LoopRun:
 
 
 def provable(sampler: BranchSampler, k_device: int) -> bool:
-    """Whether the device's top-K can decide this chain's cut on every row (ties aside)."""
-    plan = sampler.plan
-    no_head = sampler.head is None and not sampler.params.logit_bias
-    cut_fits = plan.cut is CutKind.GREEDY or (
-        plan.cut is CutKind.TOP_K and sampler.params.top_k < k_device
-    )
-    return no_head and cut_fits and sampler.matcher is None
-
-
-def device_pick(sampler: BranchSampler, ids: np.ndarray, values: np.ndarray) -> int | None:
-    """The chain's token from the device's candidates, or None when they do not prove
-    its cut (the k-th candidate ties the K-th: a token left on the device could tie it)."""
-    order = np.lexsort((ids, -values))  # most likely first, lower ids first on ties
-    ids, values = ids[order].astype(np.int64), values[order]
-    plan = sampler.plan
-    if plan.cut is CutKind.GREEDY:
-        if values[0] <= values[-1]:
-            return None
-        return int(ids[0])
-    k = sampler.params.top_k
-    if values[k - 1] <= values[-1]:
-        return None
-    survivors = values[:k] * np.float32(plan.scale) if plan.scale != 1.0 else values[:k]
-    assert sampler.finish is not None
-    # the finish chain over the survivors, as BranchSampler._run does over its own cut
-    token, _ = sampler._candidates.run(sampler.finish, ids[:k], survivors)
-    return token
+    """Whether the device's top-K can decide this chain's cut (sampling/device_row.py)."""
+    return sampler.device_k is not None and sampler.device_k < k_device
 
 
 def sampling_loop(
@@ -173,7 +169,6 @@ def sampling_loop(
         if step:  # the first call of this shape sets llama.cpp up: not counted
             decode += decoded - started
         for i, sampler in enumerate(samplers):
-            token = None
             if device:
                 count = C.llama_get_sampled_candidates_count_ith(ctx.ptr, i)
                 ids = np.ctypeslib.as_array(
@@ -183,12 +178,11 @@ def sampling_loop(
                     C.llama_get_sampled_logits_ith(ctx.ptr, i), shape=(count,)
                 )
                 read += ids.nbytes + values.nbytes
-                token = device_pick(sampler, ids, values)
-                if token is None:
-                    undecided += 1  # the host path would read the row (see docs/sampling.md)
+                try:
+                    token = sampler.sample(DeviceRow(ids, values))
+                except Undecided:
+                    undecided += 1  # the engine reads the row then (engine/device_cut.py)
                     token = -1
-                else:
-                    sampler.accept(token)
             else:
                 row = Row(ctx.logits()[i])
                 read += row.logits.nbytes
@@ -250,42 +244,82 @@ def main() -> None:
     parser.add_argument(
         "--presets", default="defaults,greedy,st-default,st-universal-light,st-neutral"
     )
+    parser.add_argument("--parts", default="1,2,3", help="which of the three tables")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="engine runs of each, off and on alternated"
+    )
     parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
+    parser.add_argument("--no-sillytavern", action="store_true", help="skip its presets")
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     settings = Settings(model=args.model)
     model = Model(settings.resolved_model_path(), model_options(settings))
     quiet = C.llama_log_callback(lambda *_: None)  # kept: llama.cpp calls it from C
     C.llama_log_set(quiet, ctypes.c_void_p())
-    presets = all_presets()
+    presets = all_presets(with_sillytavern=not args.no_sillytavern)
     names = args.presets.split(",")
     print(f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos, real decodes")
 
-    print("\n1. The engine (the server's step, backend sampling off)\n")
+    parts = args.parts.split(",")
+    if "1" in parts:
+        engine_table(model, presets, names, ns, args.tokens, args.repeats)
+    if "2" in parts:
+        loop_table(model, presets, names, ns, args.tokens, args.k)
+    if "3" in parts:
+        attach_table(model, args.k)
+    print(
+        "\nreproduce: .venv/bin/python bench/bench_backend_sampling.py"
+        f" --ns {args.ns} --tokens {args.tokens} --k {args.k} --presets {args.presets}"
+        + (f" --repeats {args.repeats}" if args.repeats > 1 else "")
+        + (f" --parts {args.parts}" if args.parts != "1,2,3" else "")
+        + ("" if args.model == DEFAULT else f" --model {args.model}")
+    )
+    model.close()
+
+
+def engine_table(
+    model: Model,
+    presets: dict[str, Any],
+    names: list[str],
+    ns: list[int],
+    tokens: int,
+    repeats: int,
+) -> None:
+    print("\n1. The engine (the server's step), backend sampling off / on\n")
     print("| preset | n | host ms / branch-step | logits bytes / branch-step |", end="")
-    print(" decode ms / step | wall s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(" decode ms / step | wall s | wall on / off |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name in names:
         for n in ns:
-            r = engine_run(model, presets[name], n, args.tokens)
+            offs, ons = [], []
+            for _ in range(repeats):  # alternated: the machine's drift hits both
+                offs.append(engine_run(model, presets[name], n, tokens))
+                ons.append(engine_run(model, presets[name], n, tokens, device=True))
+            off, on = median_run(offs), median_run(ons)
             print(
-                f"| {name} | {n} | {r.host_ms:.3f} | {r.bytes_per_step:,.0f} |"
-                f" {r.decode_ms:.1f} | {r.wall:.2f} |",
+                f"| {name} | {n} | {off.host_ms:.3f} / {on.host_ms:.3f} |"
+                f" {off.bytes_per_step:,.0f} / {on.bytes_per_step:,.0f} |"
+                f" {off.decode_ms:.1f} / {on.decode_ms:.1f} | {off.wall:.2f} / {on.wall:.2f} |"
+                f" {on.wall / off.wall:.2f} |",
                 flush=True,
             )
 
-    print(f"\n2. Sampling alone: host rows against llama.cpp's device top_k({args.k})\n")
+
+def loop_table(
+    model: Model, presets: dict[str, Any], names: list[str], ns: list[int], tokens: int, k: int
+) -> None:
+    print(f"\n2. Sampling alone: host rows against llama.cpp's device top_k({k})\n")
     print("| preset | n | host: host ms / branch-step | device: host ms / branch-step |", end="")
     print(" host: bytes | device: bytes | decode ms host / device | wall s host / device |", end="")
     print(" same | undecided |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
-        params = request_params(model, presets[name], args.tokens)
+        params = request_params(model, presets[name], tokens)
         (probe,) = build_samplers(model, params, [1])
-        fits = provable(probe, args.k)
+        fits = provable(probe, k)
         probe.close()
         for n in ns:
-            h = sampling_loop(model, presets[name], n, args.tokens, args.k, device=False)
+            h = sampling_loop(model, presets[name], n, tokens, k, device=False)
             if not fits:
                 print(
                     f"| {name} | {n} | {h.host_ms:.3f} | (host path) | {h.bytes_per_step:,.0f} |"
@@ -293,7 +327,7 @@ def main() -> None:
                     flush=True,
                 )
                 continue
-            d = sampling_loop(model, presets[name], n, args.tokens, args.k, device=True)
+            d = sampling_loop(model, presets[name], n, tokens, k, device=True)
             same = sum(a == b for a, b in zip(h.tokens, d.tokens, strict=True))
             print(
                 f"| {name} | {n} | {h.host_ms:.3f} | {d.host_ms:.3f} | {h.bytes_per_step:,.0f} |"
@@ -302,18 +336,14 @@ def main() -> None:
                 flush=True,
             )
 
+
+def attach_table(model: Model, k: int) -> None:
     print("\n3. Attaching the device chain to every sequence\n")
     print("| sequences | a 1-token decode ms | llama_set_sampler ×n ms | first decode after ms |")
     print("|---:|---:|---:|---:|")
     for n_seq in (16, 128):
-        plain, attach, first = attach_cost(model, n_seq, args.k)
+        plain, attach, first = attach_cost(model, n_seq, k)
         print(f"| {n_seq} | {plain * 1e3:.1f} | {attach * 1e3:.1f} | {first * 1e3:.1f} |")
-    print(
-        "\nreproduce: .venv/bin/python bench/bench_backend_sampling.py"
-        f" --ns {args.ns} --tokens {args.tokens} --k {args.k} --presets {args.presets}"
-        + ("" if args.model == DEFAULT else f" --model {args.model}")
-    )
-    model.close()
 
 
 if __name__ == "__main__":

@@ -2,16 +2,21 @@
 
     .venv/bin/python bench/bench_live.py [--model NAME] [--lengths 500 2000 8000]
                                          [--n 8] [--k 4] [--max-tokens 160] [--ctx 20480]
+                                         [--forks 5] [--after-chunk]
 
 One fresh server; for each story length (in tokens, sent as token ids):
   1. a parent, n=--n x --max-tokens tokens (ignore_eos), streamed;
-  2. once its choice 0 has 40 tokens: a fork of it, k=--k x 8 tokens, from there;
-  3. once the parent ended: the same fork again (its cells now in the prefix cache);
+  2. once its choice 0 has 40 tokens: --forks forks of it, one after another, k=--k x 8
+     tokens each, from the text read when it is sent, at a random moment of a parent step
+     (a writer's click is not timed to the engine's steps; --after-chunk: right after a
+     chunk of the parent came, so that nearly a whole step is still to run, the worst case);
+  3. once the parent ended: the first fork again (its cells now in the prefix cache);
   4. a cold request of the same length (its second token changed: nothing shared), k x 8.
-For each: the time to the children's first token, and the prompt tokens read (prompt
-tokens less cached ones, from `usage`). For the parent: its median gap between chunks, and
-its longest gap while the fork was read (from the fork's sending to its first token, plus
-half a second). The targets are in docs/api.md, "Live branching".
+For each: the time to the children's first token (the forks' median, and in the parent's
+median steps), and the prompt tokens read (prompt tokens less cached ones, from `usage`).
+For the parent: its median gap between chunks, and its longest gap while a fork was read
+(from the fork's sending to its first token, plus half a second). The targets are in
+docs/api.md, "Live branching".
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shlex
 import statistics
 import sys
@@ -114,16 +120,30 @@ async def one_length(base: str, length: int, args: argparse.Namespace) -> dict[s
         }
         parent = Answer()
         parent_task = asyncio.create_task(stream(http, url, parent_body, parent))
-        while parent.tokens.get(0, 0) < FORK_AFTER:
-            if parent_task.done():
-                raise RuntimeError("the parent ended before the fork")
-            await asyncio.sleep(0.01)
-        # From the text read so far (a token boundary): the same point both times.
-        fork_body = {"n": args.k, "max_tokens": 8, "ignore_eos": True, "at": len(parent.texts[0])}
-        fork_url = f"{url}/{parent.id}/choices/0/fork"
-        live = await stream(http, fork_url, fork_body)
+        rng = random.Random(length)
+        forks: list[Answer] = []
+        first_body: dict[str, Any] = {}
+        for i in range(args.forks):
+            while parent.tokens.get(0, 0) < FORK_AFTER + i or len(parent.times) < 3:
+                if parent_task.done():
+                    raise RuntimeError(f"the parent ended before fork {i + 1}: raise --max-tokens")
+                await asyncio.sleep(0.002)
+            if args.after_chunk:  # the step that sent the chunk has just ended
+                chunks = len(parent.times)
+                while len(parent.times) == chunks:
+                    await asyncio.sleep(0.001)
+            else:  # at a random moment of a step
+                await asyncio.sleep(rng.random() * _median_gap(parent))
+            # From the text read so far (a token boundary).
+            at = len(parent.texts[0])
+            fork_body = {"n": args.k, "max_tokens": 8, "ignore_eos": True, "at": at}
+            first_body = first_body or fork_body
+            forks.append(await stream(http, f"{url}/{parent.id}/choices/0/fork", fork_body))
+        if parent_task.done():
+            raise RuntimeError("the parent ended during the forks: raise --max-tokens")
         await parent_task
-        after = await stream(http, fork_url, fork_body)
+        after = await stream(http, f"{url}/{parent.id}/choices/0/fork", first_body)
+        live = forks[0]
         assert live.usage is not None
         size = int(live.usage["prompt_tokens"])
         cold_prompt = await story_ids(http, base, size, f"Another story of {size} tokens")
@@ -131,16 +151,25 @@ async def one_length(base: str, length: int, args: argparse.Namespace) -> dict[s
             http, url, {"prompt": cold_prompt, "n": args.k, "max_tokens": 8, "ignore_eos": True}
         )
     pairs = list(zip(parent.times, parent.times[1:], strict=False))
-    window_end = (live.first or live.sent) + 0.5
-    during = [b - a for a, b in pairs if b >= live.sent and a <= window_end]
+    during = [
+        b - a
+        for fork in forks
+        for a, b in pairs
+        if b >= fork.sent and a <= (fork.first or fork.sent) + 0.5
+    ]
     return {
         "length": length,
-        "fork": live,
+        "forks": forks,
         "after": after,
         "cold": cold,
-        "median_gap": statistics.median(b - a for a, b in pairs),
+        "median_gap": _median_gap(parent),
         "longest_gap": max(during, default=0.0),
     }
+
+
+def _median_gap(answer: Answer) -> float:
+    """The median time between two chunks of choice 0: one decode step."""
+    return statistics.median(b - a for a, b in zip(answer.times, answer.times[1:], strict=False))
 
 
 def main() -> None:
@@ -151,7 +180,18 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--ctx", type=int, default=20480)
+    parser.add_argument(
+        "--forks", type=int, default=5, help="forks per length while the parent streams"
+    )
+    parser.add_argument(
+        "--after-chunk",
+        action="store_true",
+        help="send each fork right after a parent chunk (the worst case) instead of at a"
+        " random moment",
+    )
     args = parser.parse_args()
+    if args.max_tokens < FORK_AFTER + args.forks * 24:
+        parser.error(f"--max-tokens must be at least {FORK_AFTER + args.forks * 24} for --forks")
     model = ("--model", args.model) if args.model else ()
     rows = []
     with (
@@ -161,19 +201,27 @@ def main() -> None:
         for length in args.lengths:
             rows.append(asyncio.run(one_length(server.base_url, length, args)))
     command = " ".join([".venv/bin/python bench/bench_live.py", *map(shlex.quote, sys.argv[1:])])
-    print(f"parent n={args.n} x {args.max_tokens} streaming; fork k={args.k} x 8 tokens")
     print(
-        "| story tokens | fork while it streams: first token (read) | same fork after the"
-        " parent ended | cold request, same length | parent median gap | parent's longest"
-        " gap during the fork |\n|---:|---:|---:|---:|---:|---:|"
+        f"parent n={args.n} x {args.max_tokens} streaming; {args.forks} forks k={args.k} x 8"
+        " tokens, one after another, each sent"
+        f" {'right after a parent chunk' if args.after_chunk else 'at a random moment'};"
+        " fork first token: the forks' median, in ms and in parent median steps (each"
+        " fork's in brackets, in steps)"
+    )
+    print(
+        "| story tokens | fork while it streams: first token (read) | in parent steps"
+        " | same fork after the parent ended | cold request, same length | parent median gap"
+        " | parent's longest gap during the forks |\n|---:|---:|---:|---:|---:|---:|---:|"
     )
     for row in rows:
-        fork, after, cold = row["fork"], row["after"], row["cold"]
+        forks, after, cold, gap = row["forks"], row["after"], row["cold"], row["median_gap"]
+        ttft = statistics.median(fork.ttft for fork in forks)
+        read = max(fork.read for fork in forks)
+        each = ", ".join(f"{fork.ttft / gap:.1f}" for fork in forks)
         print(
-            f"| {row['length']:,} | {fork.ttft * 1000:.0f} ms ({fork.read})"
+            f"| {row['length']:,} | {ttft * 1000:.0f} ms ({read}) | {ttft / gap:.1f} ({each})"
             f" | {after.ttft * 1000:.0f} ms ({after.read}) | {cold.ttft * 1000:.0f} ms"
-            f" ({cold.read}) | {row['median_gap'] * 1000:.0f} ms"
-            f" | {row['longest_gap'] * 1000:.0f} ms |"
+            f" ({cold.read}) | {gap * 1000:.0f} ms | {row['longest_gap'] * 1000:.0f} ms |"
         )
     print(f"reproduce: {command}")
 

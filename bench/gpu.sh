@@ -53,18 +53,21 @@
 #        checks     40  offload, every sampling path, a grammar, the prefix cache
 #                       (bench/gpu_checks.py)
 #                  470
-#   2. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps decode,host_free,host_real,cache
-#      (timeout_s 320; `decode` is decode_512,decode_4096):
+#   2. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps decode,host_free,host_real,backend,cache
+#      (timeout_s 360; `decode` is decode_512,decode_4096):
 #        decode_512  60  one request of n=1,8,32,64 beside llama-batched-bench -pps -kvu,
 #        decode_4096 60  prompts of 512 and 4,096 tokens (bench/gpu_decode.py)
 #        host_free   30  host time per branch-step, decode free and real (bench/bench_host.py)
 #        host_real   30
+#        backend     40  --backend-sampling off against on, n=8 and 64, the defaults, greedy
+#                        and a min-p first (bench/bench_backend_sampling.py --parts 1)
 #        cache       60  swipes and a tree walk (bench/bench_cache.py --parts swipes,walks)
-#                   240
+#                   280
 # The 15 minutes of device time: the machine's start (1 to 2 minutes), the tree and the
-# pack sent with each call (about 52 MiB), and at most 470 + 240 s of steps (a step that
-# overruns is killed, 10 s later at the latest, and the others still run): about 14
-# minutes if every step took its whole limit. A step whose input is missing (no venv, no
+# pack sent with each call (about 52 MiB), and at most 470 + 280 s of steps (a step that
+# overruns is killed, 10 s later at the latest, and the others still run): about 15
+# minutes if every step took its whole limit (the slowest case; `backend` is the step to
+# leave out of the second call when the first ran long). A step whose input is missing (no venv, no
 # model: the machine went back between the calls) is recorded as not run, at once.
 # Done work is kept in the work folder: setup keeps the unpacked source and the venv made
 # from the same pack, build keeps its folder (CMake and ninja redo only what changed), and
@@ -389,18 +392,20 @@ run_all() {
     [[ $mode == run ]] || tree=$work/tree
     # Budgets: `run` is sized for 16 cores and an H200; the dry run's CPU build on 2 cores
     # and its tiny model need other limits, the steps are the same.
-    local b_setup=30 b_build=300 b_model=100 b_checks=40 b_decode=60 b_host=30 b_cache=60
+    local b_setup=30 b_build=300 b_model=100 b_checks=40 b_decode=60 b_host=30 b_backend=40
+    local b_cache=60
     # The tree walk's `end` story fills 3/4 of --n-ctx: 24,576 tokens on the GPU.
     local ns=1,8,32,64 prompts="512 4096" cpu=() walks=1500,end n_ctx=32768
     if [[ $mode == dry-run ]]; then
-        b_setup=120 b_build=3600 b_model=60 b_checks=180 b_decode=300 b_host=300 b_cache=300
+        b_setup=120 b_build=3600 b_model=60 b_checks=180 b_decode=300 b_host=300 b_backend=300
+        b_cache=300
         ns=1,8 prompts="512" cpu=(--cpu) walks=1500 n_ctx=8192
     fi
     # The steps asked for (--steps, comma-separated; `decode` is every decode_*; `all`),
     # run in this order whatever the order asked.
     local all=(setup build model checks) p s sel=()
     for p in $prompts; do all+=("decode_$p"); done
-    all+=(host_free host_real cache)
+    all+=(host_free host_real backend cache)
     want=" "
     IFS=, read -ra sel <<<"$steps"
     ((${#sel[@]})) || die "--steps: none named"
@@ -474,6 +479,9 @@ run_all() {
     wants host_real && ready host_real model "$model" "$py" &&
         step host_real "$b_host" "$py" bench/bench_host.py --model "$model" --ns "$ns" \
             --no-sillytavern --decode real
+    wants backend && ready backend model "$model" "$py" &&
+        step backend "$b_backend" "$py" bench/bench_backend_sampling.py --model "$model" \
+            --ns 8,64 --tokens 32 --parts 1 --presets defaults,greedy,min-p --no-sillytavern
     wants cache && ready cache model "$model" "$py" &&
         step cache "$b_cache" "$py" bench/bench_cache.py --model "$model" --parts swipes,walks \
             --walk-words "$walks" --n-ctx "$n_ctx" --new-tokens 32 --swipe-tokens 64

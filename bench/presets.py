@@ -110,6 +110,7 @@ OURS: dict[str, Body] = {
     "defaults": {},
     "greedy": {"temperature": 0},
     "topk0-minp": {"top_k": 0, "min_p": 0.05},  # top-p 0.95 (the default) first, then min-p
+    "min-p": {"top_k": 0, "top_p": 1.0, "min_p": 0.1},  # min-p first (SillyTavern's Universal)
     "top-p-alone": {"top_k": 0, "min_p": 0},  # top-p 0.95 the only filter
     "penalties-dry": {"repeat_penalty": 1.1, "dry_multiplier": 0.8},
     "json-schema": {"json_schema": JSON_SCHEMA},

@@ -88,8 +88,17 @@ class SplitMode(StrEnum):
     row = "row"
 
 
+MAX_SEQUENCE_IDS = 256  # llama.cpp's LLAMA_MAX_SEQ: a unified KV cache's sequence ids
+
+
 class FlashAttn(StrEnum):
     auto = "auto"
+    on = "on"
+    off = "off"
+
+
+class BackendSampling(StrEnum):
+    auto = "auto"  # on when layers are offloaded to a GPU
     on = "on"
     off = "off"
 
@@ -234,6 +243,14 @@ class Settings(BaseSettings):
         description="repack CPU weights for AMX/AVX-512 kernels (crashes where AMX is not enabled)",
     )
     flash_attn: FlashAttn = Field(FlashAttn.auto, description="flash attention")
+    backend_sampling: BackendSampling = Field(
+        BackendSampling.auto,
+        description="llama.cpp cuts every row to its 64 most likely tokens inside"
+        " llama_decode, where the model runs, and the host reads those, not the row, for"
+        " requests whose samplers they decide (a top-k below 64 or greedy; no bias,"
+        " penalties, DRY, grammar, logprobs or banned phrases); the first --max-n sequence"
+        " ids carry the cut (auto: on when layers are offloaded to a GPU)",
+    )
     cache_type_k: KvType = Field(
         KvType.f16,
         description="type of the KV cache's keys, as llama.cpp names it (q8_0 halves the"
@@ -462,10 +479,10 @@ class Settings(BaseSettings):
                 f"client_max_sequences ({self.client_sequences}) cannot be below max_n"
                 f" ({self.max_n}): a client's request of n sequences must be able to run"
             )
-        if self.max_sequences + self.reserve_sequences + self.cache_paths > 256:
+        if self.max_sequences + self.reserve_sequences + self.cache_paths > MAX_SEQUENCE_IDS:
             raise ValueError(
-                "max_sequences + reserve_sequences + cache_paths must be at most 256"
-                " (llama.cpp's limit)"
+                f"max_sequences + reserve_sequences + cache_paths must be at most"
+                f" {MAX_SEQUENCE_IDS} (llama.cpp's limit)"
             )
         return self
 

@@ -18,7 +18,17 @@ from pathlib import Path
 import llama_cpp as C
 
 from llama_srb.bundled_model import known_sha256
-from llama_srb.config import MIN_AUTO_N_CTX, FlashAttn, GiB, Settings, SplitMode, fit_n_ctx
+from llama_srb.config import (
+    MAX_SEQUENCE_IDS,
+    MIN_AUTO_N_CTX,
+    BackendSampling,
+    FlashAttn,
+    GiB,
+    Settings,
+    SplitMode,
+    fit_n_ctx,
+)
+from llama_srb.engine.device_cut import DEVICE_TOP_K
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.runtime import Runtime
@@ -145,12 +155,25 @@ def tokens_per_call(settings: Settings) -> int:
     return 0 if offloaded(settings) else CPU_TOKENS_PER_CALL
 
 
+def backend_sampling(settings: Settings) -> bool:
+    """--backend-sampling, auto: on where the rows are computed on a GPU."""
+    if settings.backend_sampling is BackendSampling.auto:
+        return offloaded(settings)
+    return settings.backend_sampling is BackendSampling.on
+
+
 def kv_budget(settings: Settings, n_ctx: int, tiers: TierStore | None = None) -> KvBudget:
-    """The reserve's sequences come on top of --max-sequences (engine/share.py)."""
+    """The reserve's sequences come on top of --max-sequences (engine/share.py). With
+    backend sampling the context has one sequence id more (its scratch, outside the
+    budget), which comes out of the cached paths at llama.cpp's limit."""
+    live = settings.max_sequences + settings.reserve_sequences
+    cache_paths = settings.cache_paths
+    if backend_sampling(settings):
+        cache_paths = min(cache_paths, MAX_SEQUENCE_IDS - 1 - live)
     return KvBudget(
-        settings.max_sequences + settings.reserve_sequences,
+        live,
         n_ctx,
-        cache_paths=settings.cache_paths,
+        cache_paths=cache_paths,
         cache_cells=settings.cache_cells_for(n_ctx),
         tiers=tiers,
     )
@@ -207,14 +230,17 @@ def share_rules(settings: Settings, n_ctx: int) -> ShareRules:
 def context_options(settings: Settings, n_ctx: int | None = None) -> ContextOptions:
     """`n_ctx` defaults to --n-ctx, else MIN_AUTO_N_CTX (for callers without a model)."""
     n_ctx = n_ctx or settings.n_ctx or MIN_AUTO_N_CTX
+    on_device = backend_sampling(settings)
     return ContextOptions(
         n_ctx=n_ctx,
-        n_seq_max=kv_budget(settings, n_ctx).n_seq,
+        n_seq_max=kv_budget(settings, n_ctx).n_seq + on_device,
         n_batch=settings.n_batch,
         threads=settings.threads,
         flash_attn=_FLASH[flash_attn(settings)],
         type_k=GGML_TYPE[settings.cache_type_k],
         type_v=GGML_TYPE[settings.cache_type_v],
+        device_top_k=DEVICE_TOP_K if on_device else 0,
+        chained=settings.max_n if on_device else 0,
     )
 
 
@@ -328,14 +354,17 @@ def load_engine(settings: Settings, on_death: Callable[[str], None] | None = Non
         settings.step_budget,
         tokens_per_call(settings),
         share_rules(settings, context.n_ctx),
+        device_top_k=DEVICE_TOP_K if backend_sampling(settings) else 0,
+        chained=settings.max_n,
     )
     runtime = Runtime(engine, on_death)
     runtime.start()
     log.info(
-        "ready: n_ctx=%d, max_sequences=%d, tokens_per_call=%d",
+        "ready: n_ctx=%d, max_sequences=%d, tokens_per_call=%d, backend sampling %s",
         context.n_ctx,
         settings.max_sequences,
         engine.tokens_per_call,
+        "on" if engine.device is not None else "off",
     )
     warm = threading.Thread(target=constraints_for, args=(model,), name="warm-constraints")
     warm.start()

@@ -365,6 +365,10 @@ class ContextOptions:
     flash_attn: int = C.LLAMA_FLASH_ATTN_TYPE_AUTO
     type_k: int = C.GGML_TYPE_F16  # the KV cache's element types (enum ggml_type)
     type_v: int = C.GGML_TYPE_F16
+    # Backend sampling (engine/device_cut.py): sequence ids 0..chained-1 each carry a
+    # top_k(device_top_k) chain that llama_decode runs in its graph (0: none).
+    device_top_k: int = 0
+    chained: int = 0
 
 
 class Context:
@@ -398,14 +402,47 @@ class Context:
         self.n_batch: int = C.llama_n_batch(self.ptr)
         self.memory = C.llama_get_memory(self.ptr)
         self._n_outputs = 0  # logits rows of the last decode
+        self._chains: list[SamplerChain] = []
+        try:
+            self._attach(options.device_top_k, options.chained)
+        except BaseException:
+            self.close()
+            raise
         # The last view of llama.cpp's logits buffer, by (address, rows): a new view of it
         # costs more than most of a step's own bookkeeping.
         self._logits_view: tuple[tuple[int | None, int], npt.NDArray[np.float32]] | None = None
+
+    def _attach(self, k: int, chained: int) -> None:
+        """One top_k(k) chain per sequence id below `chained`, attached once: each attach
+        makes llama.cpp reserve its scheduler again, which the first decode pays."""
+        for seq_id in range(chained if k > 0 else 0):
+            chain = SamplerChain.of([C.llama_sampler_init_top_k(k)])
+            self._chains.append(chain)  # freed after the context, which uses it until then
+            if not C.llama_set_sampler(self.ptr, seq_id, chain.ptr):
+                raise NativeError(f"llama.cpp cannot run a top_k chain for sequence {seq_id}")
 
     def close(self) -> None:
         if self.ptr:
             C.llama_free(self.ptr)
             self.ptr = None
+        for chain in self._chains:
+            chain.close()
+        self._chains = []
+
+    def candidates(
+        self, i: int, ids: npt.NDArray[np.int32], values: npt.NDArray[np.float32]
+    ) -> int:
+        """Output row i's candidates from its sequence's chain, copied into `ids` and
+        `values` (room for the chain's k): how many there are (0: the row has none)."""
+        count = min(C.llama_get_sampled_candidates_count_ith(self.ptr, i), len(ids))
+        if count:
+            ctypes.memmove(
+                ids.ctypes.data, C.llama_get_sampled_candidates_ith(self.ptr, i), 4 * count
+            )
+            ctypes.memmove(
+                values.ctypes.data, C.llama_get_sampled_logits_ith(self.ptr, i), 4 * count
+            )
+        return int(count)
 
     def warm_up(self, token: int) -> None:
         """One throwaway decode, so the first request does not pay for page faults and

@@ -106,6 +106,17 @@ class EngineCollector(Collector):
             " (a whole row per row read; divide by generated tokens for bytes per branch-step)",
             value=stats.logits_bytes_read,
         )
+        device = CounterMetricFamily(
+            "llama_srb_backend_sampling_rows",
+            "Rows read as the device's top-64 candidates (--backend-sampling), by what"
+            " followed: decided by them, or read whole after all (undecided), of which"
+            " decoded again (their call had no whole rows)",
+            labels=["outcome"],
+        )
+        device.add_metric(["candidates"], stats.device_rows)
+        device.add_metric(["undecided"], stats.device_undecided)
+        device.add_metric(["decoded_again"], stats.device_decoded_again)
+        yield device
         yield _histogram(
             "llama_srb_decode_step_seconds",
             "Duration of each llama_decode call (a step makes one or more: --tokens-per-call)",

@@ -19,6 +19,7 @@ from llama_srb.engine.outputs import ChoiceDelta, FinishReason
 from llama_srb.engine.request import Branch, Request
 from llama_srb.sampling.constraint import GRAMMAR_COMPLETE
 from llama_srb.sampling.cut import Row
+from llama_srb.sampling.device_row import DeviceRow
 from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.masks import Bitmask, MaskBatch
 
@@ -41,11 +42,13 @@ class Drawn:
     newest_has_no_cell: bool = False  # it kept a token this step, decoded next step
 
 
-def scores_of(request: Request, row: Row) -> RowScores | None:
+def scores_of(request: Request, row: Row | DeviceRow) -> RowScores | None:
     """The row's normalizer and top alternatives, when the request reads logprobs (or
-    ranks its branches: best_of); read before any sampler changes the row."""
+    ranks its branches: best_of); read before any sampler changes the row. (A request
+    that reads them is never served a device's candidates: engine/device_cut.py.)"""
     if not request.scores_tokens:  # the common case: no pass over the row for them
         return None
+    assert isinstance(row, Row), "logprobs read the whole row"
     return RowScores(row, request.params.logprobs or 0)
 
 
@@ -59,16 +62,17 @@ class BranchStep:
         self._masks = masks
         self.drawn = 0  # tokens drawn, kept or taken back: what the engine reports
 
-    def fork(self, request: Request, row: Row) -> None:
+    def fork(self, request: Request, row: Row | DeviceRow) -> None:
         """The prompt's last row, before its branches sample their first tokens."""
         if request.params.bans_text:  # kept for rewinds to a branch's start
+            assert isinstance(row, Row), "banned phrases read the whole row"
             request.first_row = (row.logits.copy(), row.colmax.copy())
 
     def next(
         self,
         request: Request,
         branch: Branch,
-        row: Row,
+        row: Row | DeviceRow,
         scores: RowScores | None,
         taken: set[int] | None = None,
         mask: Bitmask | None = None,
@@ -91,7 +95,7 @@ class BranchStep:
         self,
         request: Request,
         branch: Branch,
-        row: Row,
+        row: Row | DeviceRow,
         scores: RowScores | None,
         taken: set[int] | None,
         mask: Bitmask | None,
@@ -147,7 +151,7 @@ class BranchStep:
     def _pick(
         self,
         branch: Branch,
-        row: Row,
+        row: Row | DeviceRow,
         mask_eog: bool,
         taken: set[int] | None,
         mask: Bitmask | None,

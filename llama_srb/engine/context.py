@@ -44,6 +44,13 @@ class DecodeContext(Protocol):
         writable in place."""
         ...
 
+    def candidates(
+        self, i: int, ids: npt.NDArray[np.int32], values: npt.NDArray[np.float32]
+    ) -> int:
+        """Output row i's candidates from its sequence's device chain (backend sampling:
+        engine/device_cut.py), copied into `ids` and `values`: how many (0: none)."""
+        ...
+
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> None: ...

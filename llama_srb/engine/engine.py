@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from llama_srb.engine.branch_step import BranchStep
 from llama_srb.engine.context import DecodeContext, Vocabulary
+from llama_srb.engine.device_cut import CallRows, DeviceCut
 from llama_srb.engine.kv import KvBudget, KvOp, KvRestore, KvSave, Shortage
 from llama_srb.engine.outputs import ChoiceDelta, FinishReason, LiveRefused, RequestOutput
 from llama_srb.engine.pacing import StepPacer
@@ -53,16 +54,22 @@ class Engine:
         step_budget: float = 0.0,
         tokens_per_call: int = 0,
         share: ShareRules | None = None,
+        device_top_k: int = 0,
+        chained: int = 0,
     ) -> None:
         """`step_budget`: seconds a step may take while streams decode (0: no limit).
         `tokens_per_call`: the most tokens one llama_decode call carries; a step with
         more makes several calls (0: one call per step). `share`: fair share between
-        clients (engine/share.py)."""
+        clients (engine/share.py). `device_top_k`, `chained`: backend sampling's cut, on
+        the context's sequence ids below `chained` (engine/device_cut.py; 0: off); the
+        context has one id more than the budget's, its scratch sequence."""
         self.model = model
         self.ctx = ctx
-        self.tokens_per_call = tokens_per_call
+        on_device = device_top_k > 0 and chained > 0
+        # with backend sampling a call may carry one token more (engine/device_cut.py)
+        self.tokens_per_call = max(tokens_per_call - on_device, 0)
         self.pacer = StepPacer(step_budget)
-        self.scheduler = Scheduler(budget, ctx.n_batch, self.pacer, share)
+        self.scheduler = Scheduler(budget, ctx.n_batch - on_device, self.pacer, share)
         self.watch = StepWatch()  # what runs now, for the watchdog on the event loop
         self.batch = Batch(ctx.n_batch)
         self.stats = EngineStats()
@@ -71,17 +78,30 @@ class Engine:
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="llama-srb-masks")
         self.branch_step = BranchStep(model.eog_tokens, self._masks)
-        self.sampling = SamplingStage(ctx, self.branch_step, self.stats)
+        self.device: DeviceCut | None = None
+        if on_device:
+            self.device = DeviceCut(
+                ctx, self.stats, device_top_k, chained, budget.n_seq, self._bos, model.n_vocab
+            )
+            budget.chained = chained
+            budget.prefers_chain = self.device.prefers_chain
+        self.sampling = SamplingStage(ctx, self.branch_step, self.stats, self.device)
         self.tier_io = TierIO(ctx, budget.tiers, self.stats)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
 
     def close(self) -> None:
         self._mask_worker.shutdown()
         self.batch.close()
+        if self.device is not None:
+            self.device.close()
+
+    @property
+    def _bos(self) -> int:
+        # Any valid token serves; a model without a BOS token reports -1, which would abort.
+        return self.model.bos if self.model.bos >= 0 else 0
 
     def warm_up(self) -> None:
-        # Any valid token serves; a model without a BOS token reports -1, which would abort.
-        self.ctx.warm_up(self.model.bos if self.model.bos >= 0 else 0)
+        self.ctx.warm_up(self._bos)
 
     @property
     def has_work(self) -> bool:
@@ -226,14 +246,14 @@ class Engine:
         for call in plan.calls(self.tokens_per_call):
             masks = self._start_masks(call)  # while llama_decode runs
             try:
-                chunk_rows, elapsed = self._decode(call)
+                rows, elapsed = self._decode(call)
             except DecodeError as exc:  # this call failed: its requests end, others go on
                 masks.result()  # its matchers are not touched again before it is done
                 failed += self.fail(call.requests, str(exc))
                 continue
             seconds += elapsed
             self._apply(self.scheduler.prefilled(call))
-            drew = self.sampling.run(call, chunk_rows, masks.result())
+            drew = self.sampling.run(call, rows, masks.result())
             for request, delta in drew.deltas:
                 sampled.setdefault(id(request), (request, []))[1].append(delta)
             self._apply(drew.rewinds)
@@ -267,10 +287,11 @@ class Engine:
             tiers=budget.tiers.counters.copy() if budget.tiers is not None else None,
         )
 
-    def _decode(self, call: DecodeCall) -> tuple[list[int], float]:
+    def _decode(self, call: DecodeCall) -> tuple[CallRows, float]:
         """One llama_decode call: the decode rows first (output row i is the call's i-th),
-        then the prompt chunks. Returns each chunk's last output row (-1: none), and the
-        seconds llama_decode took."""
+        then the prompt chunks. Returns what its rows hold (each chunk's last output row,
+        -1: none; those read as the device's candidates), and the seconds llama_decode
+        took."""
         batch = self.batch
         batch.clear()
         for request, branch in call.decode:
@@ -290,13 +311,17 @@ class Engine:
                     logits_all=request.prompt_logprobs,
                 )
             )
+        device = self.device
+        rows = CallRows(chunk_rows) if device is None else device.plan(call, batch, chunk_rows)
         started = time.perf_counter()
         self.ctx.decode(batch)
         elapsed = time.perf_counter() - started
         self.stats.decode_seconds += elapsed
         self.stats.decode_step_seconds.observe(elapsed)
         self.stats.prompt_tokens_evaluated += call.n_tokens - len(call.decode)
-        return chunk_rows, elapsed
+        if device is not None:
+            device.read(rows)
+        return rows, elapsed
 
     def _observe_admission(self, plan: StepPlan) -> None:
         for request in plan.admitted:

@@ -277,6 +277,10 @@ class KvBudget:
         self.cache = PrefixCache(min(cache_cells, n_cells), save_evicted=self.tiers is not None)
         self.index = PrefixIndex(self.cache, self.tiers, n_cells)
         self._free_ids = list(range(self.n_seq - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        # Backend sampling (engine/device_cut.py): ids below `chained` carry the device's
+        # cut; requests it serves (`prefers_chain`) get them first, others the rest first.
+        self.chained = 0
+        self.prefers_chain: Callable[[Request], bool] = lambda request: False
         self.live = 0  # live sequences
         self.cells_reserved = 0
 
@@ -369,7 +373,8 @@ class KvBudget:
                 and self.cells_reserved + need + self.cache.cells() <= self.n_cells
             )
         )
-        seq_ids = tuple(self._free_ids.pop() for _ in request.branches)
+        chained = self.prefers_chain(request)
+        seq_ids = tuple(self._take_id(chained) for _ in request.branches)
         self.live += request.n_branches
         self.cells_reserved += need
         if found.seq_id >= 0:  # a cached path's or a running request's cells
@@ -429,7 +434,16 @@ class KvBudget:
         self.live += 1
         self.cells_reserved += need
         self.index.live[request].prompt_cells += extra  # returned with the prompt's
-        return self._free_ids.pop(), ops
+        return self._take_id(self.prefers_chain(request)), ops
+
+    def _take_id(self, chained: bool) -> int:
+        """A free sequence id, one that carries the device's cut (or not) if any is free."""
+        ids = self._free_ids
+        if self.chained:
+            for at in range(len(ids) - 1, -1, -1):
+                if (ids[at] < self.chained) == chained:
+                    return ids.pop(at)
+        return ids.pop()
 
     def release_sequence(
         self, request: Request, seq_id: int, path: list[int] | None, keep: bool = True

@@ -51,9 +51,14 @@ class BranchText(Protocol):
 class Sampler(Protocol):
     """A branch's sampler chain (sampling/branch.py): the next token from a row (never
     one of `forbidden` nor one its grammar's `mask` refuses; with `taken`, a distinct
-    opening), and back to fewer tokens. `matcher`: its place in its grammar, if any."""
+    opening), and back to fewer tokens. `matcher`: its place in its grammar, if any.
+    `device_k`: how many of a row's most likely tokens decide its pick, when a device's
+    top-K can (sampling/device_row.py), else None."""
 
     matcher: Matcher | None
+
+    @property
+    def device_k(self) -> int | None: ...
 
     def sample(
         self, row: Any, forbidden: Any = None, taken: set[int] | None = None, mask: Any = None

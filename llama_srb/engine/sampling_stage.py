@@ -26,12 +26,14 @@ import numpy.typing as npt
 
 from llama_srb.engine.branch_step import BranchStep, scores_of
 from llama_srb.engine.context import DecodeContext
+from llama_srb.engine.device_cut import CallRows, DeviceCut
 from llama_srb.engine.kv import KvOp
 from llama_srb.engine.outputs import ChoiceDelta
 from llama_srb.engine.request import Branch, Request
 from llama_srb.engine.scheduler import DecodeCall, PrefillChunk
 from llama_srb.engine.stats import EngineStats
 from llama_srb.sampling.cut import Row
+from llama_srb.sampling.device_row import DeviceRow, Undecided
 from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.masks import Bitmask
 
@@ -55,21 +57,30 @@ class CallSample:
 class SamplingStage:
     """`ctx`: the context whose logits the rows are. `step`: the branch step that takes each
     branch's token on (text, stops, rewinds). `stats`: the engine's counters (the logits
-    bytes the host reads, the prompt tokens forked)."""
+    bytes the host reads, the prompt tokens forked). `device`: backend sampling's cut,
+    when it is on (engine/device_cut.py)."""
 
-    def __init__(self, ctx: DecodeContext, step: BranchStep, stats: EngineStats) -> None:
+    def __init__(
+        self,
+        ctx: DecodeContext,
+        step: BranchStep,
+        stats: EngineStats,
+        device: DeviceCut | None = None,
+    ) -> None:
         self.ctx = ctx
         self.step = step
         self.stats = stats
+        self.device = device
 
-    def run(self, call: DecodeCall, chunk_rows: list[int], masks: dict[int, Bitmask]) -> CallSample:
-        """Every branch with logits in this call samples its next token (`chunk_rows`:
-        each prompt chunk's last output row, as `Engine._decode` returns them; `masks`:
-        the next tokens each constrained branch may take, by id(branch))."""
+    def run(self, call: DecodeCall, rows: CallRows, masks: dict[int, Bitmask]) -> CallSample:
+        """Every branch with logits in this call samples its next token (`rows`: what the
+        call's output rows hold, as `Engine._decode` asked for them; `masks`: the next
+        tokens each constrained branch may take, by id(branch))."""
         out = CallSample()
         logits = self.ctx.logits()
         if not len(logits):
             return out
+        chunk_rows = rows.chunk_rows
         broken = self._broken(call, masks)
         out.broken = list(broken.values())
         for chunk, last in zip(call.prefill, chunk_rows, strict=True):
@@ -81,7 +92,7 @@ class SamplingStage:
                 continue
             # every branch samples its first token from the prompt's last row
             self.stats.prompt_tokens_cached += request.n_cached
-            row = self._row(logits, last)
+            row = self._row(rows, logits, last)
             if len(request.branches) > 1:
                 row.read_maxima()  # once for them all, not once per branch's patch
             self.step.fork(request, row)
@@ -89,30 +100,49 @@ class SamplingStage:
             # distinct_openings: each branch's first token is one no earlier one drew
             taken: set[int] | None = set() if request.params.distinct_openings else None
             for branch in request.live:
-                self._next(out, request, branch, row, scores, taken, masks)
+                self._next(out, request, branch, row, scores, taken, masks, (rows, logits, last))
         for i, (request, branch) in enumerate(call.decode):
             if id(request) not in broken:
-                row = self._row(logits, i)
-                self._next(out, request, branch, row, scores_of(request, row), None, masks)
+                row = self._row(rows, logits, i)
+                scores = scores_of(request, row)
+                self._next(out, request, branch, row, scores, None, masks, (rows, logits, i))
         return out
 
-    def _row(self, logits: npt.NDArray[np.float32], i: int) -> Row:
-        """Output row i of the call, as the host reads it: counted whole."""
-        row = Row(logits[i])
-        self.stats.logits_bytes_read += row.logits.nbytes
-        return row
+    def _row(self, rows: CallRows, logits: npt.NDArray[np.float32], i: int) -> Row | DeviceRow:
+        """Output row i of the call, as the host reads it (counted): the device's
+        candidates, or the whole row."""
+        if i in rows.device:
+            assert self.device is not None
+            candidates = self.device.row(rows, i)
+            self.stats.logits_bytes_read += candidates.nbytes
+            return candidates
+        return self._whole(logits[i])
+
+    def _whole(self, logits: npt.NDArray[np.float32]) -> Row:
+        """A whole row, as the host reads it: counted."""
+        self.stats.logits_bytes_read += logits.nbytes
+        return Row(logits)
 
     def _next(
         self,
         out: CallSample,
         request: Request,
         branch: Branch,
-        row: Row,
+        row: Row | DeviceRow,
         scores: RowScores | None,
         taken: set[int] | None,
         masks: dict[int, Bitmask],
+        where: tuple[CallRows, npt.NDArray[np.float32], int],
     ) -> None:
-        delta, ops = self.step.next(request, branch, row, scores, taken, masks.get(id(branch)))
+        """`where`: the call's rows, its logits and the row's index, for a pick the
+        device's candidates cannot prove (it reads the whole row then)."""
+        mask = masks.get(id(branch))
+        try:
+            delta, ops = self.step.next(request, branch, row, scores, taken, mask)
+        except Undecided:
+            assert self.device is not None
+            whole = self._whole(self.device.whole_row(*where))
+            delta, ops = self.step.next(request, branch, whole, scores, taken, mask)
         out.deltas.append((request, delta))
         out.rewinds.extend(ops)
         if delta.newest_has_no_cell:  # it kept a token, decoded in the next call
@@ -143,5 +173,5 @@ class SamplingStage:
         first = last - (chunk.end - chunk.start - 1)  # the output row of chunk.start
         k = request.params.logprobs or 0
         for pos in range(chunk.start + 1, min(chunk.end + 1, request.prompt_len)):
-            row = self._row(logits, first + pos - 1 - chunk.start)
+            row = self._whole(logits[first + pos - 1 - chunk.start])
             scores.append(RowScores(row, k).entry(request.prompt[pos]))

@@ -22,6 +22,12 @@ class EngineStats:
     # Bytes of logits rows the host read out of llama.cpp's output to sample and score
     # (engine/sampling_stage.py): a whole row per row read.
     logits_bytes_read: int = 0
+    # Backend sampling (engine/device_cut.py): rows read as the device's candidates; of
+    # those, picks they could not prove (the whole row read after all); and of these,
+    # rows decoded again for it (the call had no whole rows).
+    device_rows: int = 0
+    device_undecided: int = 0
+    device_decoded_again: int = 0
     decode_step_seconds: Histogram = field(default_factory=Histogram)  # per llama_decode
     # Per step, the engine thread's time outside llama_decode: what a fast GPU exposes.
     host_step_seconds: Histogram = field(default_factory=lambda: Histogram(HOST_BUCKETS))

@@ -34,11 +34,15 @@ from llama_srb.sampling.chain import (
 )
 from llama_srb.sampling.constraint import GRAMMAR_COMPLETE, Matcher
 from llama_srb.sampling.cut import Ids, Row, Vector, most_likely_first, top_p
+from llama_srb.sampling.device_row import DeviceRow, Undecided
 from llama_srb.sampling.masks import Bitmask
 from llama_srb.sampling.params import SamplingParams
 
 # llama_token_data: {int32 id; float logit; float p}, 12 bytes, no padding.
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+# After a pick the device's candidates could not prove, the whole rows a chain reads before
+# it tries them again: this many, doubled for each such pick in a row (up to 16 times).
+WHOLE_ROWS_AFTER_UNDECIDED = 16
 Survivors = npt.NDArray[np.void]  # llama_token_data records
 
 
@@ -53,6 +57,12 @@ def minus_inf(n: int) -> Vector:
     values = np.full(n, -np.inf, np.float32)
     values.flags.writeable = False
     return values
+
+
+def min_p_threshold(top: float, params: SamplingParams, plan: ChainPlan) -> float:
+    """The least logit a min-p keeps, for a row whose largest is `top` (llama.cpp's min-p
+    over logits, at the scale of the temperatures before it)."""
+    return top + math.log(params.min_p) / plan.scale
 
 
 class Candidates:
@@ -158,6 +168,25 @@ class BranchSampler:
             self._bias = (np.array(ids, np.int64), np.array(values, np.float32))
         self._rng: np.random.Generator | None = None
         self._candidates = Candidates()
+        # The fewest of a row's most likely tokens that can decide this chain's pick (a
+        # top-k's k; 1 for greedy, and for a min-p, whose kept set is the row's own): what
+        # a device's top-K must hold (sampling/device_row.py). None for a chain that raises
+        # a token or reads further (bias, penalties, DRY, a grammar, top-p's normalizer).
+        self._device_k: int | None = None
+        if head is None and self._bias is None and matcher is None:
+            if plan.cut in (CutKind.GREEDY, CutKind.MIN_P):
+                self._device_k = 1
+            elif plan.cut is CutKind.TOP_K:
+                self._device_k = params.top_k
+        self._undecided = 0  # picks in a row the candidates could not prove
+        self._whole_rows_left = 0  # whole rows to read before trying the candidates again
+
+    @property
+    def device_k(self) -> int | None:
+        """`_device_k`, unless the candidates failed this chain lately: a row whose pick
+        they cannot prove costs a decode of its own (engine/device_cut.py), so a flat
+        distribution (a wide min-p) reads whole rows for a while, longer each time."""
+        return None if self._whole_rows_left else self._device_k
 
     @property
     def rng(self) -> np.random.Generator:
@@ -174,7 +203,7 @@ class BranchSampler:
 
     def sample(
         self,
-        row: Row,
+        row: Row | DeviceRow,
         forbidden: Ids | None = None,
         taken: set[int] | None = None,
         mask: Bitmask | None = None,
@@ -183,7 +212,13 @@ class BranchSampler:
         ids: end-of-generation masked, banned at this position) nor one the grammar's
         `mask` refuses; with `taken` (distinct openings), one no earlier branch drew while
         the chain leaves any. Accepted, as llama_sampler_sample does; GRAMMAR_COMPLETE
-        when the grammar allows nothing more."""
+        when the grammar allows nothing more. From a DeviceRow, Undecided (nothing
+        accepted) when its candidates cannot prove the pick."""
+        if isinstance(row, DeviceRow):
+            assert taken is None and mask is None, "these read the whole row"
+            return self._sample_device(row, forbidden)
+        if self._whole_rows_left:
+            self._whole_rows_left -= 1
         if mask is not None:  # in place: a row is one branch's, or all at a grammar's start
             row.mask(mask)
         unfiltered = self.plan.cut in (CutKind.GREEDY, CutKind.DRAW)
@@ -198,6 +233,35 @@ class BranchSampler:
             token = self._choose(row, taken)
         finally:
             row.restore()
+        self.accept(token)
+        return token
+
+    def _sample_device(self, row: DeviceRow, forbidden: Ids | None) -> int:
+        """The chain's pick from the device's candidates, as `sample` picks from the row
+        (a chain with a `device_k`: its cut is the greedy pick, a top-k or a min-p)."""
+        assert self._device_k is not None
+        plan = self.plan
+        if forbidden is not None and len(forbidden):
+            row.patch(forbidden, minus_inf(len(forbidden)))
+        try:
+            if plan.cut is CutKind.GREEDY:
+                token = row.argmax()
+            else:
+                assert self.finish is not None
+                if plan.cut is CutKind.TOP_K:
+                    ids, values, *_ = row.top_k(self._device_k)
+                else:
+                    ids, values = row.at_least(min_p_threshold(row.max, self.params, plan))
+                if plan.scale != 1.0:
+                    values = values * np.float32(plan.scale)
+                token = self._candidates.run(self.finish, ids, values)[0]
+        except Undecided:
+            self._whole_rows_left = WHOLE_ROWS_AFTER_UNDECIDED << min(self._undecided, 4)
+            self._undecided += 1
+            raise
+        finally:
+            row.restore()
+        self._undecided = 0
         self.accept(token)
         return token
 
@@ -289,7 +353,7 @@ class BranchSampler:
         if plan.cut is CutKind.TOP_P:
             cap = None
             if plan.cap == "min_p":
-                cap = row.at_least(row.max + math.log(p.min_p) / plan.scale)
+                cap = row.at_least(min_p_threshold(row.max, p, plan))
             elif plan.cap == "top_k":
                 cap = row.top_k(p.top_k)
             cut = top_p(row, p.top_p, plan.scale, cap)
@@ -299,8 +363,12 @@ class BranchSampler:
         else:
             if plan.cut is CutKind.TOP_K:
                 ids, values, *_ = row.top_k(p.top_k)
+                # equal logits lowest id first, as tokens_at_least gives them (and the
+                # device's candidates are read: sampling/device_row.py)
+                by_id = np.argsort(ids)
+                ids, values = ids[by_id], values[by_id]
             else:
-                ids, values = row.tokens_at_least(row.max + math.log(p.min_p) / plan.scale)
+                ids, values = row.tokens_at_least(min_p_threshold(row.max, p, plan))
             ids, values = most_likely_first(ids, values)
         if plan.scale != 1.0:
             values = values * np.float32(plan.scale)

@@ -1,4 +1,4 @@
-// The server's API, as the UI uses it: the model name, token counts, streamed completions
+// The server's API, as the UI uses it: its models, token counts, streamed completions
 // (Server-Sent Events read from fetch, since EventSource cannot POST) and the story library
 // (/v1/stories), and live branching (a streaming choice forked, dropped or steered). A
 // network failure throws fetch's own TypeError; an answer that is not a success throws an
@@ -96,27 +96,37 @@ export function isOffline(err) {
 }
 
 /** The prompt's tokens (the BOS the server adds included) and the server's context size. */
-export async function countTokens(prompt, apiKey, signal) {
-  const body = await call("POST", "v1/tokenize", { apiKey, body: { prompt }, signal });
+/** `model`: the model whose tokens count (unset: the server's current one). */
+export async function countTokens(prompt, apiKey, signal, model = null) {
+  const body = await call("POST", "v1/tokenize", {
+    apiKey, body: model ? { prompt, model } : { prompt }, signal,
+  });
   return { tokens: body.count, context: body.max_model_len };
 }
 
-export async function fetchModelName(apiKey) {
-  const response = await fetch("v1/models", { headers: headers(apiKey) });
-  if (!response.ok) throw await errorOf(response);
-  const body = await response.json();
-  return body.data?.[0]?.id ?? "(no model)";
+/** The models the server serves, each `{id, state, error}` (state: loaded, loading,
+ * unloading, sleeping, available or failed; a server without states: loaded). */
+export async function fetchModels(apiKey) {
+  const body = await call("GET", "v1/models", { apiKey });
+  return (body.data ?? []).map((card) => ({
+    id: String(card.id),
+    state: typeof card.state === "string" ? card.state : "loaded",
+    error: typeof card.error === "string" ? card.error : null,
+  }));
 }
 
 /**
  * POSTs a streamed completion (to `path`: a fork's, else v1/completions); once the server
- * has accepted it calls `onOpen()`, then `onProgress(prompt_progress)` while the prompt is
- * read (llama.cpp's {total, cache, processed, time_ms}) and `onChunk(json)` for each event
- * until `[DONE]` (with best_of, once, for the whole answer). Aborting `signal` closes the
- * connection, which cancels the generation on the server.
+ * has accepted it calls `onOpen()`, then `onLoading(model, seconds)` while the model it
+ * names loads first (the server's `: loading model NAME (N s)` comments), then
+ * `onProgress(prompt_progress)` while the prompt is read (llama.cpp's {total, cache,
+ * processed, time_ms}) and `onChunk(json)` for each event until `[DONE]` (with best_of,
+ * once, for the whole answer). Aborting `signal` closes the connection, which cancels the
+ * generation on the server.
  */
 export async function streamCompletion(
-  body, { path = "v1/completions", apiKey, session, signal, onOpen, onChunk, onProgress },
+  body,
+  { path = "v1/completions", apiKey, session, signal, onOpen, onChunk, onProgress, onLoading },
 ) {
   // best_of cannot be streamed (the best are known at the end): its one answer is the chunk.
   const whole = (body.best_of ?? 0) > (body.n ?? 1);
@@ -132,7 +142,7 @@ export async function streamCompletion(
   if (!response.ok) throw await errorOf(response);
   onOpen?.();
   if (whole) return onChunk(await response.json());
-  for await (const data of sseData(response.body)) {
+  for await (const data of sseData(response.body, onLoading && loadingComment(onLoading))) {
     if (data === "[DONE]") return;
     const chunk = JSON.parse(data);
     if (chunk.error) {
@@ -145,8 +155,19 @@ export async function streamCompletion(
   }
 }
 
-/** The `data:` payloads of an SSE byte stream; events end with a blank line. */
-async function* sseData(stream) {
+const LOADING = /^: ?loading model (.+) \((\d+) s\)$/;
+
+/** A comment line's handler that hears the server's loading notices. */
+function loadingComment(onLoading) {
+  return (line) => {
+    const found = LOADING.exec(line);
+    if (found) onLoading(found[1], Number(found[2]));
+  };
+}
+
+/** The `data:` payloads of an SSE byte stream; events end with a blank line. Comment
+ * lines (`:`) go to `onComment`. */
+async function* sseData(stream, onComment = null) {
   const reader = stream.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -157,6 +178,7 @@ async function* sseData(stream) {
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const event = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
+      if (onComment) for (const l of event.split("\n")) if (l.startsWith(":")) onComment(l);
       const lines = event.split("\n").filter((l) => l.startsWith("data:"));
       if (lines.length) yield lines.map((l) => l.slice(5).trimStart()).join("\n");
     }

@@ -3,7 +3,8 @@
 // elsewhere in the tree, undo) becomes changes to the story's tree (tree.js) and the
 // requests they make (run.js), then a redraw. A streaming card can be forked, dropped or
 // steered (live.js), each fork a generation of its own beside the writer's. Every change
-// is saved as it happens (sync.js: to the server, and a copy in this browser). Drawing,
+// is saved as it happens (sync.js: to the server, and a copy in this browser). Each story
+// is written with the model picked for it (models.js), which its requests name. Drawing,
 // keys, merging and storage live in the other modules.
 
 import { ApiError, live, sessionOf } from "./api.js";
@@ -20,6 +21,7 @@ import * as Keys from "./keys.js";
 import * as Library from "./library.js";
 import * as Live from "./live.js";
 import * as Merge from "./merge.js";
+import * as Models from "./models.js";
 import * as NodeInfo from "./nodeinfo.js";
 import * as Progress from "./progress.js";
 import { buildPrompt, hasContext } from "./prompt.js";
@@ -42,7 +44,6 @@ const state = {
   opening: null, // the story being opened
   sync: null, // its StorySync
   tree: Tree.createTree(),
-  model: "",
   run: null, // {controller, plan, from, tree, node, undo, id, session} while generating
   forks: [], // the same, for each fork of a streaming card while it streams
   warm: null, // {controller, prompt} while a story is read into the cache
@@ -100,10 +101,11 @@ function init() {
     state.sync?.leave();
   });
   window.addEventListener("hashchange", route);
+  Models.init({ apiKey: Connection.apiKey, picked: onModelPick });
   Connection.init(
-    (name) => {
-      state.model = name;
-      if (name) state.sync?.retry();
+    (cards) => {
+      Models.setCards(cards);
+      if (cards) state.sync?.retry();
     },
     () => {
       state.sync?.retry();
@@ -133,6 +135,7 @@ function route(message = "") {
 
 function showLibrary(message = "") {
   leaveStory();
+  Models.showLibrary();
   $("story-view").hidden = true;
   $("story-title").hidden = true;
   $("library").hidden = false;
@@ -181,6 +184,7 @@ function show(sync) {
   TreeView.setStory(sync.id);
   Settings.fill($("settings"), tree.settings);
   Context.fill(tree.context);
+  showModel();
   $("story-name").value = tree.name;
   $("library").hidden = true;
   $("story-view").hidden = false;
@@ -237,6 +241,7 @@ function syncHooks(id) {
       if (!Story.isDraft() && Story.value() !== (node?.text ?? "")) showCurrent();
       Context.fill(tree.context);
       Settings.fill($("settings"), tree.settings);
+      if ((tree.model ?? null) !== Models.picked()) showModel();
       render();
     },
     ask: askAboutConflicts,
@@ -393,19 +398,34 @@ async function start(plan) {
   Object.assign(run, { tree: state.tree, node: null, undo: null, id: null, session });
   state.run = run;
   state.warm?.controller.abort(); // what it read so far stays in the cache
-  setStatus("Sending…");
+  const model = Models.requested();
+  const loading = Models.mustLoad();
+  setStatus(loading ? `Loading the model ${loading}…` : "Sending…");
+  if (loading) Models.expect();
   setNotice(plan.kept ? `Your edit of the story is kept in the tree as #${plan.kept.id}.` : "");
   render();
   await Budget.countNow(plan.text, context, Connection.apiKey());
   Progress.start("generate");
-  const failure = await Run.stream(run, { ...fields, prompt: promptFor(plan.text, context, fields) }, {
+  const body = { ...fields, prompt: promptFor(plan.text, context, fields) };
+  if (model) body.model = model;
+  // The node's settings name the model asked for (its pick, else the server's current one
+  // as listed), set once as it is made: a saved node is not changed for it afterwards.
+  const writer = model || Models.current();
+  const made = writer ? { ...fields, model: writer } : fields;
+  const failure = await Run.stream(run, body, {
     apiKey: Connection.apiKey(),
     session,
-    open: () => openNode(run, fields, context),
+    open: () => openNode(run, made, context),
     update: (index, choice) => showUpdate(run, index, choice),
     progress: Progress.update,
+    loading: (name, seconds) => {
+      Models.loading(name, seconds);
+      run.loading = true;
+      if (state.run === run) setStatus(`Loading the model ${name} (${seconds} s)…`);
+    },
   });
   Progress.finish();
+  Models.expect(); // what the request loaded, or left asleep
   // A run stopped for a newer one (Retry, say) leaves the status to that one.
   if (state.run === run || state.run === null) {
     if (!failure) setStatus("");
@@ -420,6 +440,12 @@ async function start(plan) {
 
 /** A card of `run` changed: shown (a refill's new card: the cards drawn again) and saved. */
 function showUpdate(run, index, choice) {
+  if (run.loading) {
+    // The model it waited for is loaded: its words are coming.
+    run.loading = false;
+    Models.expect();
+    if (state.run === run) setStatus(`Generating ${run.node.choices.length} continuation(s)…`);
+  }
   if (Tree.currentNode(state.tree) === run.node) {
     if (Cards.has(index)) Cards.update(index, choice);
     else render();
@@ -631,7 +657,10 @@ async function warm() {
     session: sessionOf(rootOf(node.id).text),
     signal: warming.controller.signal,
     progress: Progress.update,
+    loading: Models.loading,
+    model: Models.requested(),
   });
+  Models.expect();
   if (state.warm !== warming) return;
   state.warm = null;
   if (failure) Progress.hide();
@@ -779,7 +808,7 @@ function restored() {
 
 function exportJSON() {
   keepDraft();
-  const data = Tree.toJSON(state.tree, state.model);
+  const data = Tree.toJSON(state.tree, Models.effective());
   Files.download(`${fileName()}.json`, JSON.stringify(data, null, 2), "application/json");
 }
 
@@ -878,6 +907,31 @@ function onContextInput(context) {
   state.sync?.changed();
   Context.showSent(sentStory(), context);
   showBudget();
+}
+
+/** The story's model in the picker, and the counts of its tokens. */
+function showModel() {
+  Models.showStory(state.tree.model ?? null);
+  Budget.setModel(Models.requested());
+}
+
+/** The writer picked `name` (null: the server's current model) for the open story: kept
+ * with it, and the story read into that model's cache (loading it, if it sleeps). */
+function onModelPick(name) {
+  if (!state.storyId) return;
+  state.tree.model = name;
+  state.sync?.changed();
+  Budget.setModel(Models.requested());
+  const served = name === Models.requested();
+  setNotice(
+    name === null
+      ? "This story is written by the server's current model."
+      : served
+        ? `This story is written by ${name} from now on (kept with the story).`
+        : `${name} is not served here: the server's current model writes this story.`,
+  );
+  showBudget();
+  warm();
 }
 
 function onSettingsInput(values) {

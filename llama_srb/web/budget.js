@@ -16,6 +16,14 @@ const MARGIN = 1.1; // the characters per token of the whole prompt, with room t
 
 let last = null; // {prompt, tokens, context}: the latest count
 let asked = null; // AbortController of the count in flight
+let model = null; // whose tokens are counted (null: the server's current model)
+
+/** The open story's model changed: counts are of its tokens and its context from now. */
+export function setModel(name) {
+  if ((name ?? null) === model) return;
+  model = name ?? null;
+  last = null;
+}
 
 /** The words of `text` (what the page shows as the story's length). */
 export function words(text) {
@@ -75,7 +83,7 @@ export const count = debounce(async (story, context, apiKey, done) => {
   asked?.abort();
   asked = new AbortController();
   try {
-    const { tokens, context: size } = await countTokens(prompt, apiKey, asked.signal);
+    const { tokens, context: size } = await countTokens(prompt, apiKey, asked.signal, model);
     remember(prompt, tokens, size);
   } catch {
     return; // no server, no key: the bar waits for the next count
@@ -88,7 +96,7 @@ export async function countNow(story, context, apiKey) {
   const prompt = buildPrompt(story, context);
   if (last?.prompt === prompt) return;
   try {
-    const { tokens, context: size } = await countTokens(prompt, apiKey);
+    const { tokens, context: size } = await countTokens(prompt, apiKey, undefined, model);
     remember(prompt, tokens, size);
   } catch {
     // the generation itself will say what is wrong

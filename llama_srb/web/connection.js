@@ -1,8 +1,8 @@
-// The server as the top bar shows it: the model's name, and the API key field, which comes
-// forward (at the top, with the focus) when the server asks for a key and is checked as
-// the writer types it.
+// The server as the top bar shows it: its models (shown by models.js), and the API key
+// field, which comes forward (at the top, with the focus) when the server asks for a key
+// and is checked as the writer types it.
 
-import { ApiError, fetchModelName } from "./api.js";
+import { ApiError, fetchModels } from "./api.js";
 import { $, debounce, isTyping } from "./dom.js";
 import { setStatus, statusKind } from "./status.js";
 
@@ -10,9 +10,9 @@ const API_KEY_KEY = "llama-srb.api-key";
 
 let latest = 0; // only the answer to the latest check counts
 
-/** `onModel(name)` hears the model's name ("" while unknown); `onKey()`, that the writer
- * changed the API key. */
-export function init(onModel, onKey = () => {}) {
+/** `onModels(cards)` hears the server's models (null while unknown: the label at the top
+ * says why); `onKey()`, that the writer changed the API key. */
+export function init(onModels, onKey = () => {}) {
   $("api-key").value = localStorage.getItem(API_KEY_KEY) ?? "";
   showKeyBox(apiKey() !== "");
   $("key-toggle").addEventListener("click", () => {
@@ -23,31 +23,30 @@ export function init(onModel, onKey = () => {}) {
     "input",
     debounce(() => {
       localStorage.setItem(API_KEY_KEY, apiKey());
-      check(onModel);
+      check(onModels);
       onKey();
     }, 250),
   );
-  check(onModel);
+  check(onModels);
 }
 
 export function apiKey() {
   return $("api-key").value.trim();
 }
 
-async function check(onModel) {
+async function check(onModels) {
   const label = $("model-name");
   const request = ++latest;
   try {
-    const name = await fetchModelName(apiKey());
+    const cards = await fetchModels(apiKey());
     if (request !== latest) return;
-    label.textContent = name;
     label.classList.remove("error");
     $("key-box").classList.remove("needed");
     if (statusKind() === "key") setStatus("");
-    onModel(name);
+    onModels(cards);
   } catch (err) {
     if (request !== latest) return;
-    onModel("");
+    onModels(null);
     if (err instanceof ApiError && err.status === 401) return needKey(err.message);
     label.textContent = err instanceof ApiError ? err.message : "server unreachable";
     label.classList.add("error");

@@ -81,7 +81,7 @@ async function saveMadeHere(local) {
     try {
       const made = await stories.create({
         id: copy.id, name: tree.name || undefined, current: tree.current, context: tree.context,
-        settings: tree.settings, nodes: [...tree.nodes.values()],
+        settings: tree.settings, model: tree.model ?? undefined, nodes: [...tree.nodes.values()],
       }, hooks.apiKey());
       Object.assign(story, { pending: false, name: made.name, revision: made.revision });
       await Cache.putStory({ ...copy, rev: made.revision, synced: fromServer(made) });
@@ -129,6 +129,7 @@ function button(label, testid, fn) {
 
 function meta(story) {
   const parts = [`${(story.words ?? 0).toLocaleString()} words`, `${story.node_count ?? 0} nodes`];
+  if (story.model) parts.push(story.model);
   if (story.opened) parts.push(`opened ${ago(new Date(story.opened))}`);
   return parts.join(" · ");
 }

@@ -29,6 +29,8 @@ export function diff(base, mine) {
   if (Object.keys(context).length) patch.context = context;
   if (!base || !Tree.equal(mine.settings, base.settings)) patch.settings = mine.settings;
   if (mine.name && mine.name !== base?.name) patch.name = mine.name;
+  // The model: null forgets the pick (a new story sends one only if picked).
+  if ((mine.model ?? null) !== (base?.model ?? null)) patch.model = mine.model ?? null;
   if (mine.current !== (base?.current ?? null)) patch.current = mine.current;
   return patch;
 }
@@ -37,7 +39,7 @@ export function isEmpty(patch) {
   return (
     patch.nodes.length === 0 &&
     patch.deleted.length === 0 &&
-    ["context", "settings", "name", "current"].every((k) => !(k in patch))
+    ["context", "settings", "name", "current", "model"].every((k) => !(k in patch))
   );
 }
 
@@ -52,12 +54,13 @@ export function applyPatch(tree, patch) {
   if (patch.context) Object.assign(tree.context, patch.context);
   if ("settings" in patch) tree.settings = patch.settings;
   if ("name" in patch) tree.name = patch.name;
+  if ("model" in patch) tree.model = patch.model;
   if ("current" in patch) tree.current = patch.current;
   return tree;
 }
 
 /** `tree` with the server's `changes` applied (in place): whole nodes, deleted ids, and
- * the story's fields (`fields`: name, current, memory, note, depth, settings). */
+ * the story's fields (`fields`: name, current, memory, note, depth, settings, model). */
 export function applyChanges(tree, changes) {
   const deleted = deletedFrom(tree, changes);
   for (const raw of changes.nodes) tree.nodes.set(raw.id, Tree.readNode(raw));
@@ -66,6 +69,7 @@ export function applyChanges(tree, changes) {
   for (const f of CONTEXT_FIELDS) if (f in fields) tree.context[f] = fields[f];
   if ("settings" in fields) tree.settings = fields.settings;
   if ("name" in fields) tree.name = fields.name;
+  if ("model" in fields) tree.model = fields.model ?? null;
   if ("current" in fields) tree.current = fields.current;
   Tree.bumpNextId(tree, changes.next_id ?? 0);
   return tree;
@@ -81,7 +85,9 @@ function deletedFrom(tree, changes) {
 
 /** A whole story from the server as changes from nothing (for a copy that has none). */
 export function asChanges(story) {
-  const fields = { name: story.name, current: story.current, settings: story.settings };
+  const fields = {
+    name: story.name, current: story.current, settings: story.settings, model: story.model ?? null,
+  };
   for (const f of CONTEXT_FIELDS) fields[f] = story.context[f];
   return {
     since: 0, revision: story.revision, next_id: story.next_id, nodes: story.nodes, deleted: [],
@@ -116,7 +122,9 @@ export function rebase(base, mine, changes) {
         changed = true;
       }
     } else if (!m) {
-      clash({ kind: "deleted-here", node: t.id });
+      // Deleted here: a clash only if it changed there. The answer to this page's own
+      // save of it, made before the writer deleted it, is no change of theirs.
+      if (!Tree.sameNode(t, b)) clash({ kind: "deleted-here", node: t.id });
     } else {
       for (const f of Tree.NODE_FIELDS) {
         if (Tree.equal(t[f], b[f])) continue;
@@ -130,8 +138,10 @@ export function rebase(base, mine, changes) {
   for (const id of deletedFrom(base, changes)) {
     const b = base.nodes.get(id);
     const m = mine.nodes.get(id);
-    if (!m) continue;
-    if (b && Tree.sameNode(m, b)) changed = mine.nodes.delete(id);
+    // Not in the base: this page's own save deleted it, and the writer has it back since
+    // (Undo): the writer's, sent again by the next save.
+    if (!m || !b) continue;
+    if (Tree.sameNode(m, b)) changed = mine.nodes.delete(id);
     else clash({ kind: "deleted-there", node: id });
   }
   const fields = changes.fields ?? {};
@@ -153,6 +163,12 @@ export function rebase(base, mine, changes) {
   // The name: the last writer's, unless this writer renamed it too (then its own).
   if ("name" in fields && mine.name === base.name && mine.name !== fields.name) {
     mine.name = fields.name;
+    changed = true;
+  }
+  // The model likewise: the last pick, unless this writer picked one too.
+  const model = (tree) => tree.model ?? null;
+  if ("model" in fields && model(mine) === model(base) && model(mine) !== (fields.model ?? null)) {
+    mine.model = fields.model ?? null;
     changed = true;
   }
   // A node whose parent is gone: the parent was deleted on one side, added to on the other.

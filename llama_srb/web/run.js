@@ -14,7 +14,9 @@ const MAX_NEW = 64; // refills a stream may add at once: more is not a refill bu
  * to null when the server finished, else to the error (an AbortError when stopped); the
  * node's open cards and its stats are settled either way.
  */
-export async function stream(run, body, { path, apiKey, session, open, update, progress }) {
+export async function stream(
+  run, body, { path, apiKey, session, open, update, progress, loading },
+) {
   const timing = { start: performance.now(), first: null, usage: null };
   let failure = null;
   try {
@@ -32,6 +34,7 @@ export async function stream(run, body, { path, apiKey, session, open, update, p
         onChunk(run.node, chunk, timing, update);
       },
       onProgress: progress,
+      onLoading: loading,
     });
   } catch (err) {
     failure = err;
@@ -43,14 +46,15 @@ export async function stream(run, body, { path, apiKey, session, open, update, p
   return failure;
 }
 
-/** Reads `prompt` into the server's prefix cache and nothing more (max_tokens 0), so the
- * next continuation of it starts at once; `progress` hears how far it is read. Resolves
+/** Reads `prompt` into the server's prefix cache of `model` (null: the server's current
+ * one) and nothing more (max_tokens 0), so the next continuation of it starts at once;
+ * `progress` hears how far it is read, `loading` that the model loads first. Resolves
  * to null, or the error (an AbortError when cancelled). */
-export async function warm(prompt, { apiKey, session, signal, progress }) {
+export async function warm(prompt, { apiKey, session, signal, progress, loading, model = null }) {
   try {
     await streamCompletion(
-      { prompt, max_tokens: 0, n: 1 },
-      { apiKey, session, signal, onProgress: progress, onChunk: () => {} },
+      model ? { prompt, max_tokens: 0, n: 1, model } : { prompt, max_tokens: 0, n: 1 },
+      { apiKey, session, signal, onProgress: progress, onChunk: () => {}, onLoading: loading },
     );
     return null;
   } catch (err) {

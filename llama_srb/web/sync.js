@@ -44,7 +44,7 @@ export class StorySync {
     this.closed = false;
     this.behind = false; // another tab saved while this one was busy: catch up after
     this.keeping = null; // the write of this browser's copy in flight
-    this.keepAgain = false;
+    this.keepNext = null; // the write after it, for changes made meanwhile
     this.onBroadcast = (event) => {
       if (event.data?.story === this.id && event.data.revision > (this.rev ?? 0)) this.pull();
     };
@@ -142,18 +142,20 @@ export class StorySync {
     }
     const tree = this.tree;
     const patch = Merge.diff(this.synced, tree);
+    // This browser's copy first: it must never be older than what the server was sent
+    // (IndexedDB keeps writes in order), or merging it again later would see clashes
+    // with this page's own saves. "Saved" waits for it too: a reload right after it
+    // finds undo's history here (a write still on its way when the page goes is lost).
+    const kept = this.keep();
     if (this.rev !== null && Merge.isEmpty(patch)) {
       this.waiting = false;
-      this.hooks.onStatus("saved", `Saved (revision ${this.rev}).`);
+      await kept;
+      if (!this.busy && !this.pending()) this.hooks.onStatus("saved", `Saved (revision ${this.rev}).`);
       return;
     }
     this.busy = true;
     this.again = false;
     this.hooks.onStatus("saving", "Saving…");
-    // This browser's copy first: it must never be older than what the server was sent
-    // (IndexedDB keeps writes in order), or merging it again later would see clashes
-    // with this page's own saves.
-    this.keep();
     let ok = false;
     try {
       if (this.rev === null) await this.createOnServer(tree);
@@ -162,6 +164,7 @@ export class StorySync {
       this.waiting = false;
       this.failures = 0;
       acknowledge(this.id, { rev: this.rev });
+      await kept;
       if (!this.again && !this.pending()) this.hooks.onStatus("saved", `Saved (revision ${this.rev}).`);
       channel?.postMessage({ story: this.id, revision: this.rev });
     } catch (err) {
@@ -181,7 +184,7 @@ export class StorySync {
   async createOnServer(tree) {
     const draft = {
       id: this.id, name: tree.name || undefined, current: tree.current, context: tree.context,
-      settings: tree.settings, nodes: [...tree.nodes.values()],
+      settings: tree.settings, model: tree.model ?? undefined, nodes: [...tree.nodes.values()],
     };
     try {
       const story = await stories.create(draft, this.hooks.apiKey());
@@ -316,14 +319,18 @@ export class StorySync {
     this.cacheTimer = setTimeout(() => this.keep(), CACHE_MS);
   }
 
-  /** This browser's copy, now (also on pagehide). One write at a time: a change made
-   * while one is written is kept by the next, so writes never queue up behind each other
-   * (a page that goes aborts the ones still waiting). */
+  /** This browser's copy, now (also on pagehide); resolves once a write that holds the
+   * story as it is now is done. One write at a time: a change made while one is written
+   * is kept by the next, so writes never queue up behind each other (a page that goes
+   * aborts the ones still waiting). */
   keep() {
     clearTimeout(this.cacheTimer);
     if (this.keeping) {
-      this.keepAgain = true;
-      return this.keeping;
+      this.keepNext ??= this.keeping.then(() => {
+        this.keepNext = null;
+        return this.keep();
+      });
+      return this.keepNext;
     }
     const tree = this.tree;
     const record = {
@@ -343,10 +350,6 @@ export class StorySync {
       })
       .finally(() => {
         this.keeping = null;
-        if (this.keepAgain) {
-          this.keepAgain = false;
-          this.keep();
-        }
       });
     return this.keeping;
   }
@@ -415,5 +418,6 @@ export function fromServer(story) {
     { allowNoCurrent: true },
   );
   tree.name = story.name;
+  tree.model = story.model ?? null;
   return tree;
 }

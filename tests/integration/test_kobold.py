@@ -175,9 +175,13 @@ def test_sampler_order_chooses_the_samplers(server: RunningServer) -> None:
 
 
 def test_the_stop_sequence_stays_unless_trimmed(server: RunningServer) -> None:
-    """KoboldCpp keeps the stop sequence at the end of the text unless `trim_stop`."""
-    kept = generate(server, lite_payload(stop_sequence=["e"], trim_stop=False, n=2)).json()
-    trimmed = generate(server, lite_payload(stop_sequence=["e"], trim_stop=True, n=2)).json()
+    """KoboldCpp keeps the stop sequence at the end of the text unless `trim_stop`. Greedy
+    on a prompt whose continuation holds an "e" within its first tokens: a sampled one once
+    wrote a numbered list of 24 tokens with none."""
+    colors = "The three primary colors are red, yellow and"
+    body = {**lite_payload(colors, stop_sequence=["e"], n=2), "temperature": 0}
+    kept = generate(server, {**body, "trim_stop": False}).json()
+    trimmed = generate(server, {**body, "trim_stop": True}).json()
     for result in kept["results"]:
         assert result["text"].endswith("e") and result["text"].count("e") == 1
     for result in trimmed["results"]:

@@ -131,7 +131,14 @@ def test_drop_refill_and_steer_change_one_choice_while_the_others_stream_on(
     parent = Stream(
         server,
         base,
-        {"prompt": story("The lantern"), "n": 4, "max_tokens": 96, "temperature": 1.0, "seed": 3},
+        {
+            "prompt": story("The lantern"),
+            "n": 4,
+            "max_tokens": 96,
+            "temperature": 1.0,
+            "seed": 3,
+            "ignore_eos": True,  # choices 2 and 3 still stream when they are dropped
+        },
     ).start()
     parent.wait_for(lambda s: s.id is not None and len(s.texts.get(0, "")) >= 30)
     choice = f"{base}/{parent.id}/choices"
@@ -159,9 +166,10 @@ def test_drop_refill_and_steer_change_one_choice_while_the_others_stream_on(
 
 def test_chat_choices_fork_and_drop_under_the_chat_route(server: RunningServer) -> None:
     messages = [{"role": "user", "content": story("Tell me about the green lantern")}]
-    parent = Stream(
-        server, "/v1/chat/completions", {"messages": messages, "n": 2, "max_tokens": 64}
-    ).start()
+    # ignore_eos: choice 1 must still stream when it is dropped (an instruct model may end
+    # its answer first).
+    body = {"messages": messages, "n": 2, "max_tokens": 128, "ignore_eos": True}
+    parent = Stream(server, "/v1/chat/completions", body).start()
     parent.wait_for(lambda s: s.id is not None and len(s.texts.get(0, "")) >= 20)
     base = f"/v1/chat/completions/{parent.id}/choices"
     fork = act(
@@ -192,7 +200,7 @@ def test_only_the_caller_may_act_and_bad_bodies_name_the_field(server: RunningSe
     parent = Stream(
         server,
         "/v1/completions",
-        {"prompt": story("Owners"), "n": 2, "max_tokens": 64},
+        {"prompt": story("Owners"), "n": 2, "max_tokens": 64, "ignore_eos": True},
         headers={"X-Session-Id": "writer-a"},
     ).start()
     parent.wait_for(lambda s: s.id is not None and len(s.texts.get(0, "")) >= 10)
@@ -220,6 +228,12 @@ def test_only_the_caller_may_act_and_bad_bodies_name_the_field(server: RunningSe
         assert answer.json()["error"]["param"] == param, answer.text
     far = act(server, "POST", f"{base}/0/fork", {"at": 10**6}, headers=mine)
     assert far.status_code == 400 and far.json()["error"]["param"] == "at"
+    # Shared cells fill the context all the same: a fork is refused in its own words.
+    wide = act(server, "POST", f"{base}/0/fork", {"n": 2, "max_tokens": 5000}, headers=mine)
+    assert wide.status_code == 400, wide.text
+    error = wide.json()["error"]
+    assert (error["param"], error["code"]) == ("max_tokens", "context_length_exceeded")
+    assert error["message"].startswith("this fork needs ") and "2 branches" in error["message"]
     for body, param in (
         ({"grammar": 'root ::= "a"'}, "grammar"),
         ({"temperature": -3}, "temperature"),

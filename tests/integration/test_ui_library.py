@@ -301,8 +301,29 @@ def test_an_old_browser_tree_moves_into_the_library_once(
     expect(rows).to_have_count(before + 2)
 
 
+# A slow disk under the browser: each write of IndexedDB stays uncommitted for 600 ms
+# (the transaction is kept busy), so a write still on its way when the page goes is lost.
+SLOW_BROWSER_STORE = """(() => {
+  const put = IDBObjectStore.prototype.put;
+  IDBObjectStore.prototype.put = function (...args) {
+    const request = put.apply(this, args);
+    const until = Date.now() + 600;
+    const busy = () => {
+      if (Date.now() < until) this.count().onsuccess = busy;
+    };
+    busy();
+    return request;
+  };
+})()"""
+
+
 def test_undo_survives_a_reload(open_ui: Any, library_server: RunningServer) -> None:
+    """Right after "Saved", undo's history is in the browser too: a reload finds it, even
+    when the browser's store writes slowly (before, "Saved" came with the write still on
+    its way, and a reload under load lost the history now and then)."""
     page = open_ui(library_server.base_url)
+    page.evaluate(SLOW_BROWSER_STORE)
+    page.add_init_script(SLOW_BROWSER_STORE)
     start_story(page, n=2, max_tokens=4, seed=8)
     cards(page).nth(1).get_by_test_id("use").click()
     wait_finished(page, 2)

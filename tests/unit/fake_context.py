@@ -33,6 +33,7 @@ from llama_srb.engine.tiers import TierStore
 from llama_srb.engine.watch import Watchdog
 from llama_srb.native import Batch, DecodeError
 from llama_srb.sampling.cut import Ids, Row
+from llama_srb.sampling.device_row import DeviceRow
 from llama_srb.sampling.params import SamplingParams
 from llama_srb.sampling.text import TextStream
 from llama_srb.served import Served
@@ -133,9 +134,27 @@ class Cell:
 class FakeContext:
     """Satisfies engine.context.DecodeContext; `ptr` is itself (what FakeSampler reads)."""
 
-    def __init__(self, n_ctx: int, n_batch: int, n_seq_max: int, table: Table = ranking) -> None:
+    def __init__(
+        self,
+        n_ctx: int,
+        n_batch: int,
+        n_seq_max: int,
+        table: Table = ranking,
+        device_top_k: int = 0,
+        chained: int = 0,
+    ) -> None:
+        """`device_top_k`, `chained`: backend sampling as llama.cpp does it: sequences
+        below `chained` carry a top-k chain, whose rows have candidates; a decode copies
+        whole rows only when one of its rows is of a sequence without a chain (the rows
+        read otherwise are stale: NaN here)."""
         self.n_ctx, self.n_batch, self.n_seq_max = n_ctx, n_batch, n_seq_max
         self.table = table
+        self.device_top_k, self.chained = device_top_k, chained
+        # each output row's candidates (ids, logits), least likely first (llama.cpp
+        # gives them in no promised order)
+        self.cut: list[tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]] | None] = []
+        self.whole_decodes = 0  # decodes that copied their rows out
+        self.seqs_decoded: set[int] = set()  # every sequence id a decode carried
         self.cells: list[Cell] = []
         self.rows: list[npt.NDArray[np.float32]] = []  # the last decode's, in batch order
         self._logits: npt.NDArray[np.float32] | None = None
@@ -151,6 +170,7 @@ class FakeContext:
 
     def decode(self, batch: Batch) -> None:
         self.rows, self._logits = [], None  # as llama.cpp: a decode replaces the last logits
+        self.cut = []
         self.calls += 1
         if self.fail_next is not None:
             code, self.fail_next = self.fail_next, None
@@ -159,16 +179,36 @@ class FakeContext:
         n = batch.n_tokens
         if len(self.cells) + n > self.n_ctx:
             raise DecodeError(1)  # no KV slot, as llama.cpp says
+        chainless = False
         for i in range(n):
             seq, pos = struct.seq_id[i][0], struct.pos[i]
             assert 0 <= seq < self.n_seq_max, f"seq id {seq} out of range"
             held = self.held(seq)
+            self.seqs_decoded.add(seq)
             # llama.cpp requires each sequence's positions to continue where its cells end.
             assert pos == len(held), f"seq {seq}: token at {pos}, but it holds {len(held)}"
             self.cells.append(Cell(pos, struct.token[i], {seq}))
             if struct.logits[i]:
-                self.rows.append(row_for([*held, struct.token[i]], self.table))
+                row = row_for([*held, struct.token[i]], self.table)
+                self.rows.append(row)
+                chained = seq < self.chained and self.device_top_k > 0
+                chainless |= not chained
+                top = np.argsort(-row, kind="stable")[: self.device_top_k][::-1]
+                self.cut.append((top, row[top]) if chained else None)
+        if self.chained and not chainless:
+            self.rows = [np.full(N_VOCAB, np.nan, np.float32) for _ in self.rows]
+        self.whole_decodes += chainless and bool(self.rows)
         self.decoded += n
+
+    def candidates(
+        self, i: int, ids: npt.NDArray[np.int32], values: npt.NDArray[np.float32]
+    ) -> int:
+        cut = self.cut[i]
+        if cut is None:
+            return 0
+        count = min(len(cut[0]), len(ids))
+        ids[:count], values[:count] = cut[0][:count], cut[1][:count]
+        return count
 
     def logits(self) -> npt.NDArray[np.float32]:
         if self._logits is None:  # one writable matrix per decode, as llama.cpp's buffer
@@ -216,18 +256,28 @@ class FakeSampler:
 
     matcher = None  # no grammar
 
-    def __init__(self, rank: int = 0) -> None:
+    def __init__(self, rank: int = 0, device: bool = True) -> None:
+        """`device`: a device's top-k may serve it (else it reads whole rows)."""
         self.rank = rank
+        self.device_k = rank + 1 if device else None
         self.closed = 0
         self.accepted: list[int] = []
 
     def sample(
         self,
-        row: Row,
+        row: Row | DeviceRow,
         forbidden: Ids | None = None,
         taken: set[int] | None = None,
         mask: object = None,
     ) -> int:
+        if isinstance(row, DeviceRow):
+            assert self.device_k is not None and not taken
+            if forbidden is not None and len(forbidden):
+                row.patch(np.asarray(forbidden), np.full(len(forbidden), -np.inf, np.float32))
+            try:
+                return int(row.top_k(self.device_k).ids[self.rank])
+            finally:
+                row.restore()
         values = row.logits.copy()
         if forbidden is not None:
             values[forbidden] = -np.inf
@@ -293,14 +343,26 @@ def make_engine(
     tokens_per_call: int = 0,
     share: ShareRules | None = None,
     tiers: TierStore | None = None,
+    device_top_k: int = 0,
+    chained: int = 0,
 ) -> tuple[Engine, FakeContext]:
     """An engine over a fake context; the prefix cache may use every cell by default.
-    `max_live` counts large requests' sequences; `share`'s reserve comes on top."""
+    `max_live` counts large requests' sequences; `share`'s reserve comes on top.
+    `device_top_k`, `chained`: backend sampling (one sequence id more: its scratch)."""
     live = max_live + (share.reserve_sequences if share else 0)
     cells = n_ctx if cache_cells is None else cache_cells
     budget = KvBudget(live, n_ctx, cache_paths, cells, tiers)
-    ctx = FakeContext(n_ctx, n_batch, budget.n_seq, table)
-    engine = Engine(FakeModel(), ctx, budget, tokens_per_call=tokens_per_call, share=share)
+    on = device_top_k > 0 and chained > 0
+    ctx = FakeContext(n_ctx, n_batch, budget.n_seq + on, table, device_top_k, chained)
+    engine = Engine(
+        FakeModel(),
+        ctx,
+        budget,
+        tokens_per_call=tokens_per_call,
+        share=share,
+        device_top_k=device_top_k,
+        chained=chained,
+    )
     return engine, ctx
 
 
@@ -404,6 +466,8 @@ def check_kv(engine: Engine) -> None:
         assert ctx.held(seq_id) == tokens, f"kept path {seq_id}"
     for seq_id in budget.idle_seq_ids():
         assert not ctx.held(seq_id), f"free seq id {seq_id} holds cells"
+    if engine.device is not None:  # backend sampling's scratch sequence is no one's
+        assert not ctx.held(engine.device.scratch), "the scratch sequence holds cells"
     if not scheduler.running:  # nothing live: the cache's count of its cells is exact
         assert len(ctx.cells) == budget.cache.cells()
     assert len(ctx.cells) <= budget.cells_used

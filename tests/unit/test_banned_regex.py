@@ -4,7 +4,6 @@ them, the 400s, linear time, and the engine rewinding branches over the fake con
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import pytest
@@ -187,13 +186,12 @@ def test_a_pattern_the_engine_cannot_take_is_named(patterns: tuple[str, ...], sa
 
 
 def test_catastrophic_patterns_cost_linear_time() -> None:
+    """A backtracking engine would not end these scans (the paths grow as 2^n in the a's);
+    RE2's do, and hold every a (each could be part of a match still)."""
     patterns = (r"(a+)+$", r"(a|aa)+b", r"(.*a){12}", r"(x+x+)+y")
     params = SamplingParams(banned_regex=patterns)
     g = guard(*params.banned_regex)
-    started = time.perf_counter()
-    for i in range(400):
-        g.push("a", i)
-    assert time.perf_counter() - started < 1.0  # backtracking would take ages
+    assert [g.push("a", i) for i in range(400)] == [""] * 400
 
 
 def test_the_bound_on_patterns_is_accepted_and_compiles() -> None:

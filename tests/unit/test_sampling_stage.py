@@ -39,11 +39,11 @@ def next_call(
         plan = engine.scheduler.schedule()
         engine._apply(plan.kv_ops)
         for call in plan.calls(0):
-            chunk_rows, _ = engine._decode(call)
+            rows, _ = engine._decode(call)
             engine._apply(engine.scheduler.prefilled(call))
             sampled = call.decode or any(c.completes_prompt for c in call.prefill)
             if sampled:
-                return call, engine.sampling.run(call, chunk_rows, masks or {})
+                return call, engine.sampling.run(call, rows, masks or {})
     raise AssertionError("no call sampled")
 
 

@@ -91,18 +91,31 @@ def build_all(loaded: Served, specs: Sequence[RequestSpec]) -> list[Submission]:
     return built
 
 
+class ContextTooSmall(APIError):
+    """A request whose prompt and branches cannot be in the context at once: `need` cells
+    (`prompt` + `branches` times `max_tokens`), of `n_ctx`. A prompt's cells shared with
+    another request's are cells of this context all the same, so a fork is held to it too
+    (routes/live.py words it for a fork)."""
+
+    def __init__(self, need: int, prompt: int, branches: int, max_tokens: int, n_ctx: int):
+        self.need, self.prompt, self.branches = need, prompt, branches
+        self.max_tokens, self.n_ctx = max_tokens, n_ctx
+        super().__init__(
+            400,
+            f"this request needs {need} tokens of context ({prompt} in the prompt +"
+            f" {branches} branches × max_tokens={max_tokens}) but the server has {n_ctx};"
+            " shorten the prompt or lower n, best_of or max_tokens",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+
+
 def _check_fits(spec: RequestSpec, n_ctx: int) -> None:
     if not spec.prompt:
         raise APIError(400, "the prompt is empty", param="prompt")
     if spec.cells_needed > n_ctx:
-        raise APIError(
-            400,
-            f"this request needs {spec.cells_needed} tokens of context ({len(spec.prompt)} in"
-            f" the prompt + {spec.n_branches} branches × max_tokens={spec.params.max_tokens})"
-            f" but the server has {n_ctx}; shorten the prompt or lower n, best_of or"
-            " max_tokens",
-            param="max_tokens",
-            code="context_length_exceeded",
+        raise ContextTooSmall(
+            spec.cells_needed, len(spec.prompt), spec.n_branches, spec.params.max_tokens, n_ctx
         )
 
 

@@ -1,0 +1,191 @@
+"""Backend sampling (`--backend-sampling`): llama.cpp cuts each row to its K most likely
+tokens inside llama_decode, on the device that computed the row, and the host reads those
+K instead of the row (docs/sampling.md, "Backend sampling").
+
+What llama.cpp does (llama-context.cpp, llama-graph.cpp), and what follows from it here:
+- A chain attached to a sequence id runs on every output row of that sequence, and on a
+  dummy row in every decode where the sequence has none. So only ids below `chained` (the
+  largest `n`) carry one, attached once when the context is made (an attach makes
+  llama.cpp reserve its scheduler again), and requests whose chains the candidates can
+  decide get those ids first (KvBudget).
+- The whole rows are copied out only for a decode with an output row of a sequence that
+  carries no chain, and then every row of it is. So when a row needs its whole row (its
+  request's chain needs more than K tokens: top-p, min-p, penalties, logprobs, a grammar…)
+  and every row of the call carries a chain, one throwaway token on the `scratch`
+  sequence, which no request holds, makes llama.cpp copy them.
+
+A row is read as its candidates when its sequence carries a chain and every branch that
+samples from it has a chain they decide (`Sampler.device_k` < K; no logprobs, banned
+phrases or distinct openings). A pick they cannot prove (sampling/device_row.py: a tie at
+the cut, most of the K masked, a min-p wider than the K) reads the whole row after all:
+the call's copy when it has one, else the row decoded again on the scratch sequence from
+the branch's own cells; and its branch reads whole rows for a while (BranchSampler.device_k).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from llama_srb.engine.context import DecodeContext
+from llama_srb.engine.request import Branch, Request
+from llama_srb.engine.scheduler import DecodeCall
+from llama_srb.engine.stats import EngineStats
+from llama_srb.native import Batch
+from llama_srb.sampling.device_row import DeviceRow
+
+# The device's cut: above llama.cpp's default top-k (40), so its default chain is decided
+# on the device; 512 bytes a row to read.
+DEVICE_TOP_K = 64
+
+
+class Origin(NamedTuple):
+    """What an output row was computed for: a token of a sequence at a position."""
+
+    seq_id: int
+    token: int
+    pos: int
+
+
+@dataclass
+class CallRows:
+    """One decode call's output rows as the sampling stage reads them. `chunk_rows`: each
+    prompt chunk's last output row (-1: none). `device`: the rows read as their candidates,
+    with where each came from. `whole`: llama.cpp copied every row out whole."""
+
+    chunk_rows: list[int]
+    device: dict[int, Origin] = field(default_factory=dict)
+    whole: bool = True
+    scratch: bool = False  # the scratch token was added to make it so
+    # after the decode: each device row's candidates (ids, logits), as the device left them
+    candidates: dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]] = field(
+        default_factory=dict
+    )
+    decoded_again: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
+
+
+class DeviceCut:
+    """`k`: the device's cut. Sequence ids below `chained` carry it; `scratch` carries
+    none and is no request's. `bos`: the scratch token. A vocabulary of at most `k`
+    tokens is cut to all of them."""
+
+    def __init__(
+        self,
+        ctx: DecodeContext,
+        stats: EngineStats,
+        k: int,
+        chained: int,
+        scratch: int,
+        bos: int,
+        n_vocab: int,
+    ) -> None:
+        self.ctx = ctx
+        self.stats = stats
+        self.k = k
+        self.chained = chained
+        self.scratch = scratch
+        self.bos = bos
+        self.complete = n_vocab <= k
+        self._one = Batch(1)
+
+    def close(self) -> None:
+        self._one.close()
+
+    # -- which rows ---------------------------------------------------------------------
+
+    def decides(self, request: Request, branches: list[Branch], first: bool = False) -> bool:
+        """Whether the candidates can serve every branch sampling from one row of the
+        request (`first`: the prompt's last row, where distinct openings read more)."""
+        if request.scores_tokens or request.params.bans_text:
+            return False
+        if first and request.params.distinct_openings and len(branches) > 1:
+            return False
+        for branch in branches:
+            device_k = branch.sampler.device_k if branch.sampler is not None else None
+            if device_k is None or device_k >= self.k:
+                return False
+        return True
+
+    def prefers_chain(self, request: Request) -> bool:
+        """Whether the request's rows would be read as candidates on chained ids."""
+        return not request.prompt_logprobs and self.decides(request, request.branches, True)
+
+    def plan(self, call: DecodeCall, batch: Batch, chunk_rows: list[int]) -> CallRows:
+        """Which rows of the call, as `batch` holds them, are read as candidates; with the
+        scratch token added to `batch` when the others need their whole rows copied."""
+        rows = CallRows(chunk_rows, whole=False)
+        needs_whole = False
+        for i, (request, branch) in enumerate(call.decode):
+            if branch.seq_id >= self.chained:
+                rows.whole = True
+            elif self.decides(request, [branch]):
+                token = branch.tokens[-1] if branch.tokens else request.prompt[-1]
+                pos = request.prompt_len + len(branch.tokens) - 1
+                rows.device[i] = Origin(branch.seq_id, token, pos)
+            else:
+                needs_whole = True
+        for chunk, last in zip(call.prefill, chunk_rows, strict=True):
+            request = chunk.request
+            if last < 0:
+                continue
+            seq_id = request.primary.seq_id
+            if seq_id >= self.chained:
+                rows.whole = True
+            elif chunk.completes_prompt and self.decides(request, request.live, first=True):
+                rows.device[last] = Origin(seq_id, request.prompt[-1], request.prompt_len - 1)
+            else:
+                needs_whole = True
+        if needs_whole and not rows.whole:
+            batch.add(self.bos, 0, self.scratch, True)
+            rows.whole = rows.scratch = True
+        return rows
+
+    def read(self, rows: CallRows) -> None:
+        """After the decode: drop the scratch token's cell, and copy out the candidates of
+        the rows read as such (before a row decoded again overwrites them)."""
+        if rows.scratch:
+            self.ctx.seq_rm(self.scratch)
+        if not rows.device:
+            return
+        ids = np.empty((len(rows.device), self.k), np.int32)
+        values = np.empty((len(rows.device), self.k), np.float32)
+        for slot, i in enumerate(rows.device):
+            count = self.ctx.candidates(i, ids[slot], values[slot])
+            rows.candidates[i] = (ids[slot, :count], values[slot, :count])
+        self.stats.device_rows += len(rows.device)
+
+    def row(self, rows: CallRows, i: int) -> DeviceRow:
+        return DeviceRow(*rows.candidates[i], complete=self.complete)
+
+    def whole_row(
+        self, rows: CallRows, logits: npt.NDArray[np.float32], i: int
+    ) -> npt.NDArray[np.float32]:
+        """Row i whole, for a pick its candidates could not prove: the call's copy, else
+        decoded again on the scratch sequence (kept for the row's other branches)."""
+        self.stats.device_undecided += 1
+        if rows.whole:
+            return logits[i]
+        again = rows.decoded_again.get(i)
+        if again is None:
+            again = rows.decoded_again[i] = self._decode_again(rows.device[i])
+        return again
+
+    def _decode_again(self, origin: Origin) -> npt.NDArray[np.float32]:
+        """The row of `origin` computed again on the scratch sequence, which carries no
+        chain: its cells before the position forked from the sequence's, then dropped."""
+        ctx, scratch, batch = self.ctx, self.scratch, self._one
+        ctx.seq_cp(origin.seq_id, scratch, 0, origin.pos)
+        try:
+            batch.clear()
+            batch.add(origin.token, origin.pos, scratch, True)
+            started = time.perf_counter()
+            ctx.decode(batch)
+            self.stats.decode_seconds += time.perf_counter() - started
+            self.stats.device_decoded_again += 1
+            return ctx.logits()[0].copy()
+        finally:
+            ctx.seq_rm(scratch)

@@ -1,0 +1,243 @@
+"""Backend sampling (--backend-sampling) on both bundled models' real rows: llama.cpp's own
+top_k(64) chain, attached to the sequences and run inside llama_decode, leaves the 64 most
+likely tokens of each row; every sampler and order of test_sampling_paths.py's cases either
+takes the host path (the device cannot decide it: the table in docs/sampling.md) or picks
+from those candidates the token the whole row gives it, seeded draws included, or says it
+cannot (then it reads the whole row). The rows and the candidates come from the same
+decode (a chain-less row in it makes llama.cpp copy the whole rows out too), so the two
+paths read the same numbers by construction. Then the engine and the server with it on."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from llama_srb.bundled_model import bundled_model_path
+from llama_srb.engine.build import build
+from llama_srb.engine.device_cut import DEVICE_TOP_K
+from llama_srb.engine.engine import Engine
+from llama_srb.engine.kv import KvBudget
+from llama_srb.engine.spec import RequestSpec
+from llama_srb.native import Batch, Context, ContextOptions, Model
+from llama_srb.sampling.branch import build_samplers
+from llama_srb.sampling.cut import Row
+from llama_srb.sampling.device_row import DeviceRow, Undecided
+from llama_srb.sampling.params import SamplingParams
+from tests.integration.test_sampling_paths import CASES, STORY
+from tests.support.server import run_server
+
+N = 8  # sequences, each with the chain
+STEPS = 6
+# The cases a device top-64 cannot decide, with why (docs/sampling.md's table).
+HOST_PATH = {
+    "top_k 2000": "a top-k of 64 or more",
+    "xtc": "its top-k of 100 is 64 or more",
+    "top_p then min_p (SillyTavern's default)": "top-p needs the row's normalizer",
+    "top_p alone": "top-p needs the row's normalizer",
+    "top_p then top_k": "top-p needs the row's normalizer",
+    "typical first": "typical needs every token",
+    "top_n_sigma first": "top-n-sigma needs every token",
+    "dynamic temperature first": "dynamic temperature needs every token",
+    "penalties": "penalties raise no token, but change them beyond the cut",
+    "DRY": "DRY changes tokens beyond the cut",
+    "logit bias": "a bias raises tokens from off the list",
+    "every token (no filter)": "a draw from every token",
+    "SillyTavern 1.12 order": "top-p needs the row's normalizer",
+    "SillyTavern 1.19 order": "penalties and DRY",
+}
+
+
+@dataclass
+class DecodedRows:
+    model: Model
+    whole: list[npt.NDArray[np.float32]]  # step-major, N rows a step
+    candidates: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]]
+
+
+@pytest.fixture(scope="module")
+def decoded(bundled_model: str) -> Iterator[DecodedRows]:
+    model = Model(bundled_model_path(bundled_model))
+    options = ContextOptions(
+        n_ctx=1024, n_seq_max=N + 1, n_batch=256, device_top_k=DEVICE_TOP_K, chained=N
+    )
+    ctx = Context(model, options)
+    tokens = model.tokenize(STORY)
+    prompt = tokens[:30]
+    batch = Batch(256)
+    batch.add_span(prompt, 0, 0, False)
+    ctx.decode(batch)
+    for seq in range(1, N + 1):
+        ctx.seq_cp(0, seq)
+    whole, candidates = [], []
+    for step in range(STEPS):
+        batch.clear()
+        for seq in range(N + 1):  # seq N carries no chain: the decode copies whole rows
+            batch.add(tokens[30 + (seq * 3 + step) % 20], len(prompt) + step, seq, True)
+        ctx.decode(batch)
+        logits = ctx.logits()
+        for i in range(N):
+            ids = np.empty(DEVICE_TOP_K, np.int32)
+            values = np.empty(DEVICE_TOP_K, np.float32)
+            assert ctx.candidates(i, ids, values) == DEVICE_TOP_K
+            whole.append(logits[i].copy())
+            candidates.append((ids, values))
+        assert ctx.candidates(N, ids, values) == 0  # no chain, no candidates
+    yield DecodedRows(model, whole, candidates)
+    batch.close()
+    ctx.close()
+    model.close()
+
+
+def test_the_device_s_candidates_are_each_row_s_64_most_likely(decoded: DecodedRows) -> None:
+    for row, (ids, values) in zip(decoded.whole, decoded.candidates, strict=True):
+        assert values.tolist() == row[ids].tolist()  # the row's own logits, not rescaled
+        assert len(set(ids.tolist())) == DEVICE_TOP_K
+        assert values.min() >= np.sort(row)[-DEVICE_TOP_K]  # none left out above them
+
+
+CASES_AND_GREEDY: dict[str, dict[str, object]] = {
+    **CASES,
+    "greedy": {"temperature": 0.0},
+    "top_k 40, cooler": {"top_k": 40, "top_p": 1.0, "min_p": 0.0, "temperature": 0.7},
+    "temperature before top_k": {"temperature": 1.4, "sampler_order": ("temperature", "top_k")},
+    "top_k 63": {"top_k": 63, "top_p": 0.9},
+}
+
+
+@pytest.mark.parametrize("forbidden", [False, True], ids=["", "eog masked"])
+@pytest.mark.parametrize("case", list(CASES_AND_GREEDY))
+def test_every_case_picks_the_host_path_s_token_or_takes_it(
+    decoded: DecodedRows, case: str, forbidden: bool
+) -> None:
+    params = SamplingParams(**CASES_AND_GREEDY[case])  # type: ignore[arg-type]
+    seeds = [11 + i for i in range(N)]
+    host = build_samplers(decoded.model, params, seeds)
+    device = build_samplers(decoded.model, params, seeds)
+    eog = np.unique(np.array(decoded.model.eog_tokens, np.int64)) if forbidden else None
+    decides = device[0].device_k is not None and device[0].device_k < DEVICE_TOP_K
+    assert decides == (case not in HOST_PATH), HOST_PATH.get(case, "decided on the device")
+    undecided = 0
+    for at, (row, (ids, values)) in enumerate(zip(decoded.whole, decoded.candidates, strict=True)):
+        i = at % N
+        want = host[i].sample(Row(row.copy()), eog)
+        if not decides:
+            continue
+        try:
+            got = device[i].sample(DeviceRow(ids, values), eog)
+        except Undecided:
+            undecided += 1
+            got = device[i].sample(Row(row.copy()), eog)
+        assert got == want, f"row {at}"
+    if decides:
+        assert undecided < len(decoded.whole) // 4  # the candidates decide nearly every row
+    for sampler in host + device:
+        sampler.close()
+
+
+def test_a_chain_the_candidates_fail_reads_whole_rows_for_a_while(decoded: DecodedRows) -> None:
+    """A pick the candidates cannot prove costs the engine a decode of its own, so a chain
+    whose rows are flat (a wide min-p) backs off to whole rows: 16, then 32 after a second
+    miss in a row; a decided pick starts it over."""
+    sampler = build_samplers(decoded.model, SamplingParams(top_k=0, top_p=1.0, min_p=0.1), [3])[0]
+    flat = DeviceRow(np.arange(DEVICE_TOP_K, dtype=np.int32), np.zeros(DEVICE_TOP_K, np.float32))
+    whole = decoded.whole[0]
+    for backoff in (16, 32):
+        assert sampler.device_k == 1
+        with pytest.raises(Undecided):
+            sampler.sample(flat)
+        for _ in range(backoff):  # the first: the same step's row, read whole
+            assert sampler.device_k is None
+            sampler.sample(Row(whole.copy()))
+    assert sampler.device_k == 1
+    sampler.sample(DeviceRow(*decoded.candidates[0]))  # decided
+    with pytest.raises(Undecided):
+        sampler.sample(flat)
+    for _ in range(16):
+        sampler.sample(Row(whole.copy()))
+    assert sampler.device_k == 1
+    sampler.close()
+
+
+def engine_tokens(model: Model, on: bool, body: dict[str, Any]) -> tuple[list[list[int]], Engine]:
+    budget = KvBudget(N, 2048, cache_paths=2, cache_cells=0)
+    k = DEVICE_TOP_K if on else 0
+    options = ContextOptions(
+        n_ctx=2048, n_seq_max=budget.n_seq + on, n_batch=256, device_top_k=k, chained=N
+    )
+    ctx = Context(model, options)
+    engine = Engine(model, ctx, budget, device_top_k=k, chained=N)
+    params = SamplingParams(max_tokens=12, ignore_eos=True, seed=5, **body)
+    prompt = model.tokenize(STORY)[:40]
+    engine.add(build(model, RequestSpec(prompt, params, N)).take())
+    tokens: dict[int, list[int]] = {}
+    while engine.has_work:
+        for output in engine.step():
+            assert output.error is None
+            for choice in output.choices:
+                tokens.setdefault(choice.index, []).extend(choice.token_ids)
+    engine.close()
+    ctx.close()
+    return [tokens[i] for i in range(N)], engine
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"temperature": 0.0},
+        {"top_k": 0, "top_p": 1.0, "min_p": 0.05},
+        {"top_k": 0, "top_p": 0.9},  # the host path
+    ],
+)
+def test_the_engine_with_it_on_draws_what_it_draws_with_it_off(
+    bundled_model: str, body: dict[str, Any]
+) -> None:
+    """The same batches either way (rows that all carry the chain need no scratch token),
+    so the same logits: only what the host reads of them differs."""
+    model = Model(bundled_model_path(bundled_model))
+    try:
+        off, _ = engine_tokens(model, False, body)
+        on, engine = engine_tokens(model, True, body)
+    finally:
+        model.close()
+    assert on == off
+    stats = engine.stats
+    if body.get("top_p", 1.0) < 1.0:  # top-p first: whole rows
+        assert stats.device_rows == 0
+        return
+    assert stats.device_rows > 0
+    assert stats.logits_bytes_read <= stats.device_rows * DEVICE_TOP_K * 8 + (
+        stats.device_undecided * 4 * model.n_vocab
+    )
+
+
+def test_a_server_with_it_on_serves_both_paths(tmp_path: Path, bundled_model: str) -> None:
+    args = ("--model", bundled_model, "--n-ctx", "2048", "--backend-sampling", "on")
+    with (
+        run_server(tmp_path, *args) as server,
+        httpx.Client(base_url=server.base_url, timeout=120) as client,
+    ):
+        device = client.post(
+            "/v1/completions",
+            json={"prompt": STORY, "n": 4, "max_tokens": 8, "seed": 3, "ignore_eos": True},
+        )
+        host = client.post(
+            "/v1/completions",
+            json={"prompt": STORY, "n": 2, "max_tokens": 8, "top_k": 0, "top_p": 0.9},
+        )
+        metrics = client.get("/metrics").text
+    assert device.status_code == 200 and host.status_code == 200, device.text + host.text
+    assert len(device.json()["choices"]) == 4 and len(host.json()["choices"]) == 2
+    rows = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('llama_srb_backend_sampling_rows_total{outcome="candidates"}')
+    ]
+    assert rows and float(rows[0].split()[-1]) >= 8  # 8 steps of n=4, the first row shared

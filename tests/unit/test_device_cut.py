@@ -1,0 +1,206 @@
+"""Backend sampling over the fake context (engine/device_cut.py, sampling/device_row.py):
+rows read as the device's top-K candidates give every branch the token its whole row
+gives, or say they cannot (then the whole row is read: the call's copy, or the row decoded
+again on the scratch sequence); a call with rows that need whole rows gets them; the KV
+books hold after every step, the scratch sequence included."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llama_srb.config import MAX_SEQUENCE_IDS, Settings
+from llama_srb.engine.device_cut import DEVICE_TOP_K
+from llama_srb.engine.engine import Engine
+from llama_srb.loader import backend_sampling, context_options, kv_budget, offloaded
+from llama_srb.sampling.cut import Row, most_likely_first
+from llama_srb.sampling.device_row import DeviceRow, Undecided
+from tests.unit.fake_context import (
+    BOS,
+    N_VOCAB,
+    Ends,
+    FakeContext,
+    FakeSampler,
+    make_engine,
+    make_request,
+    run,
+)
+
+K = 6
+PROMPT = [BOS, 5, 9, 3, 14, 7, 2]
+
+
+def top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """A device's top-k of `row`, in no particular order (here: least likely first)."""
+    ids = np.argsort(-row, kind="stable")[:k][::-1].astype(np.int32)
+    return ids, row[ids]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_device_row_picks_what_the_whole_row_picks_or_says_it_cannot(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n_vocab, k_device = 512, 16
+    # rounded logits: ties happen, at the cut and inside it
+    logits = np.round(rng.normal(0, 2, n_vocab), 1).astype(np.float32)
+    masked = np.unique(rng.choice(np.argsort(-logits)[:20], rng.integers(0, 12)))
+    for k in range(1, k_device + 2):
+        device = DeviceRow(*top(logits, k_device))
+        host = Row(logits.copy())
+        device.patch(masked, np.full(len(masked), -np.inf, np.float32))
+        host.patch(masked, np.full(len(masked), -np.inf, np.float32))
+        try:
+            ids, values, *_ = device.top_k(k)
+        except Undecided:
+            # only when the k-th survivor is not above the K-th candidate, or ties the next
+            head = np.sort(host.logits)[::-1][: k + 1]
+            assert head[k - 1] <= logits[top(logits, k_device)[0]].min() or head[k - 1] == head[k]
+        else:
+            # the host path's top-k cut: equals lowest id first (BranchSampler._cut)
+            host_ids, host_values, *_ = host.top_k(k)
+            by_id = np.argsort(host_ids)
+            want_ids, want_values = most_likely_first(host_ids[by_id], host_values[by_id])
+            assert ids.tolist() == want_ids.tolist()
+            assert values.tolist() == want_values.tolist()
+        try:
+            assert device.argmax() == host.argmax()
+        except Undecided:
+            assert host.max <= logits[top(logits, k_device)[0]].min()
+        device.restore()
+        host.restore()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_device_row_keeps_what_a_min_p_keeps_of_the_whole_row_or_says_it_cannot(
+    seed: int,
+) -> None:
+    rng = np.random.default_rng(seed)
+    logits = np.round(rng.normal(0, 2, 512), 1).astype(np.float32)
+    masked = np.unique(rng.choice(np.argsort(-logits)[:20], rng.integers(0, 12)))
+    floor = logits[top(logits, 16)[0]].min()
+    decided = 0
+    for gap in np.linspace(0.1, 8.0, 40):
+        device = DeviceRow(*top(logits, 16))
+        host = Row(logits.copy())
+        device.patch(masked, np.full(len(masked), -np.inf, np.float32))
+        host.patch(masked, np.full(len(masked), -np.inf, np.float32))
+        threshold = host.max - float(gap)
+        try:
+            ids, values = device.at_least(device.max - float(gap))
+        except Undecided:  # only when a token off the list could reach the threshold
+            assert floor >= np.float32(threshold)
+        else:
+            decided += 1
+            want_ids, want_values = most_likely_first(*host.tokens_at_least(threshold))
+            assert ids.tolist() == want_ids.tolist()
+            assert values.tolist() == want_values.tolist()
+        device.restore()
+        host.restore()
+    assert decided > 0
+
+
+def test_a_device_row_without_masks_or_ties_decides_every_cut_below_k() -> None:
+    logits = -np.arange(64, dtype=np.float32)[np.random.default_rng(1).permutation(64)]
+    device = DeviceRow(*top(logits, 10))
+    for k in range(1, 10):
+        assert device.top_k(k).ids.tolist() == np.argsort(-logits)[:k].tolist()
+    with pytest.raises(Undecided):  # the 10th could tie a token off the list
+        device.top_k(10)
+    assert DeviceRow(*top(logits, 64), complete=True).top_k(64).ids[-1] == np.argmin(logits)
+
+
+def outputs_of(engine: Engine, requests: list[tuple[str, list[int], int, dict[str, object]]]):
+    for name, prompt, n, params in requests:
+        engine.add(make_request(name, prompt, n, **params))
+    got = run(engine)
+    return {name: got.tokens(name) for name, *_ in requests}
+
+
+REQUESTS = [
+    ("a", PROMPT, 3, {"max_tokens": 9}),
+    ("b", [BOS, 4, 4, 8], 2, {"max_tokens": 5}),
+]
+
+
+def test_the_device_path_gives_every_branch_its_host_path_tokens() -> None:
+    host, _ = make_engine(max_live=8)
+    device, ctx = make_engine(max_live=8, device_top_k=K, chained=8)
+    assert outputs_of(device, REQUESTS) == outputs_of(host, REQUESTS)
+    stats = device.stats
+    assert stats.device_rows > 0 and stats.device_undecided == 0
+    assert ctx.whole_decodes == 0  # no row needed its whole row: none was copied out
+    # the host read each row's candidates, 8 bytes each, not a row of the vocabulary
+    assert stats.logits_bytes_read == stats.device_rows * K * 8
+    assert host.stats.logits_bytes_read > stats.logits_bytes_read
+
+
+@pytest.mark.parametrize("chained", [8, 16])
+def test_a_row_that_needs_its_whole_row_makes_the_call_copy_them(chained: int) -> None:
+    """With 8 ids chained, the request that needs whole rows gets ids without a chain;
+    with all 16, it cannot, and the scratch sequence's token makes the calls whole."""
+    host, _ = make_engine(max_live=8)
+    device, ctx = make_engine(max_live=8, device_top_k=K, chained=chained)
+    expected = outputs_of(host, [*REQUESTS, ("c", [BOS, 3, 3], 2, {"max_tokens": 6})])
+    for name, prompt, n, params in REQUESTS:
+        device.add(make_request(name, prompt, n, **params))
+    whole = make_request("c", [BOS, 3, 3], 2, max_tokens=6)
+    for branch in whole.branches:  # a chain no device top-k decides
+        assert isinstance(branch.sampler, FakeSampler)
+        branch.sampler.device_k = None
+    device.add(whole)
+    got = run(device)
+    assert {name: got.tokens(name) for name in expected} == expected
+    assert ctx.whole_decodes > 0 and device.stats.device_rows > 0
+    assert device.device is not None
+    assert (device.device.scratch in ctx.seqs_decoded) == (chained == 16)
+
+
+def test_a_request_s_ids_carry_the_cut_when_it_serves_it() -> None:
+    engine, _ = make_engine(max_live=6, cache_paths=2, device_top_k=K, chained=3)
+    served = make_request("on", PROMPT, 2, max_tokens=3)
+    other = make_request("off", [BOS, 3, 3], 2, max_tokens=3)
+    for branch in other.branches:
+        assert isinstance(branch.sampler, FakeSampler)
+        branch.sampler.device_k = None
+    engine.add(other)
+    engine.add(served)
+    engine.step()
+    assert all(b.seq_id < 3 for b in served.branches)
+    assert all(b.seq_id >= 3 for b in other.branches)
+    run(engine)
+
+
+def test_a_pick_the_candidates_cannot_prove_reads_the_row_decoded_again() -> None:
+    """End-of-generation leads after two tokens but is masked (min_tokens): with K = 2,
+    the one candidate left is the K-th itself, which a token off the list could tie."""
+    table = Ends(len(PROMPT), after=2)
+    host, _ = make_engine(max_live=4, table=table)
+    device, ctx = make_engine(max_live=4, table=table, device_top_k=2, chained=4)
+    requests = [("a", PROMPT, 1, {"max_tokens": 6, "min_tokens": 5})]
+    assert outputs_of(device, requests) == outputs_of(host, requests)
+    assert device.stats.device_undecided > 0
+    assert device.stats.device_decoded_again == device.stats.device_undecided
+    assert ctx.whole_decodes == device.stats.device_decoded_again  # only those were whole
+
+
+def test_scratch_is_the_id_after_the_budget_s() -> None:
+    engine, ctx = make_engine(max_live=4, cache_paths=2, device_top_k=K, chained=4)
+    assert isinstance(ctx, FakeContext)
+    assert engine.device is not None
+    assert engine.device.scratch == engine.scheduler.budget.n_seq == ctx.n_seq_max - 1
+    assert N_VOCAB > K
+
+
+def test_the_scratch_id_comes_out_of_the_cached_paths_at_llama_cpp_s_limit() -> None:
+    settings = Settings(
+        max_sequences=128, reserve_sequences=8, cache_paths=120, backend_sampling="on"
+    )
+    assert kv_budget(settings, 4096).n_seq == MAX_SEQUENCE_IDS - 1
+    options = context_options(settings, 4096)
+    assert options.n_seq_max == MAX_SEQUENCE_IDS
+    assert (options.device_top_k, options.chained) == (DEVICE_TOP_K, settings.max_n)
+    off = Settings(max_sequences=128, reserve_sequences=8, cache_paths=120, backend_sampling="off")
+    assert context_options(off, 4096).n_seq_max == kv_budget(off, 4096).n_seq == 256
+    assert context_options(off, 4096).device_top_k == 0
+    # auto: on only where layers go to a GPU, which this machine has none of
+    auto = Settings(backend_sampling="auto")
+    assert backend_sampling(auto) == offloaded(auto)
