@@ -19,8 +19,8 @@ run inside `llama_decode`'s graph) costs and saves on this machine, real decodes
 2. **Sampling alone, host rows against llama.cpp's device cut**: a loop of n sequences
    decoded together, each branch sampling its token with the request's own chain
    (sampling/branch.py). *host*: from the whole row, as the engine does. *device*: from
-   the K candidates llama.cpp's `top_k(K)` left (`llama_get_sampled_candidates_ith` and
-   `_logits_ith`), the chain finished on them exactly as the host path finishes its own
+   the K candidates llama.cpp's `top_k(K)` left, read and sorted as the engine reads them
+   (a call's rows at once: `Context.candidates`, `sort_candidates`), the chain finished on them exactly as the host path finishes its own
    cut, when the candidates prove it (the chain's first cut is a top-k of k < K, the
    greedy pick or a min-p, and no head; the k-th candidate, or the min-p's threshold,
    above the K-th); other chains have no device column. Both loops decode the same
@@ -60,7 +60,7 @@ from llama_srb.loader import model_options
 from llama_srb.native import Batch, Context, ContextOptions, Model
 from llama_srb.sampling.branch import BranchSampler, build_samplers
 from llama_srb.sampling.cut import Row
-from llama_srb.sampling.device_row import DeviceRow, Undecided
+from llama_srb.sampling.device_row import DeviceRow, Undecided, sort_candidates
 
 N_CTX = 8192
 PROMPT_TOKENS = 32
@@ -168,18 +168,13 @@ def sampling_loop(
         decoded = time.perf_counter()
         if step:  # the first call of this shape sets llama.cpp up: not counted
             decode += decoded - started
+        if device:  # as the engine reads them (engine/device_cut.py): a call's at once
+            ids, values = sort_candidates(*ctx.candidates(range(n), k_device))
+            read += ids.shape[1] * 8 * n
         for i, sampler in enumerate(samplers):
             if device:
-                count = C.llama_get_sampled_candidates_count_ith(ctx.ptr, i)
-                ids = np.ctypeslib.as_array(
-                    C.llama_get_sampled_candidates_ith(ctx.ptr, i), shape=(count,)
-                )
-                values = np.ctypeslib.as_array(
-                    C.llama_get_sampled_logits_ith(ctx.ptr, i), shape=(count,)
-                )
-                read += ids.nbytes + values.nbytes
                 try:
-                    token = sampler.sample(DeviceRow(ids, values))
+                    token = sampler.sample(DeviceRow(ids[i], values[i], ordered=True))
                 except Undecided:
                     undecided += 1  # the engine reads the row then (engine/device_cut.py)
                     token = -1

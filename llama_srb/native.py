@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import llama_cpp as C
 import numpy as np
@@ -371,6 +372,40 @@ class ContextOptions:
     chained: int = 0
 
 
+def _address_of(name: str) -> Callable[[Any, int], int | None]:
+    """llama.cpp's `name(ctx, i)`, returning its pointer as an address: the binding's own
+    returns a ctypes pointer, and turning that into a number costs more than the call."""
+    function = C.llama_cpp._lib[name]  # a function object of its own, not the binding's
+    function.argtypes = [C.llama_context_p_ctypes, ctypes.c_int32]
+    function.restype = ctypes.c_void_p
+    return function
+
+
+_sampled_candidates_at = _address_of("llama_get_sampled_candidates_ith")
+_sampled_logits_at = _address_of("llama_get_sampled_logits_ith")
+
+
+class BufferViews:
+    """Numpy views of llama.cpp's output buffers, by address and shape: a new view costs
+    more than most of a step's bookkeeping, and a buffer moves only when llama.cpp
+    grows it."""
+
+    KEPT = 8
+
+    def __init__(self) -> None:
+        self._views: dict[tuple[int, type, int, int], npt.NDArray[Any]] = {}
+
+    def of(self, address: int, kind: type, rows: int, cols: int) -> npt.NDArray[Any]:
+        key = (address, kind, rows, cols)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= self.KEPT:  # buffers that moved
+                self._views.clear()
+            pointer: Any = ctypes.cast(address, ctypes.POINTER(kind))
+            view = self._views[key] = np.ctypeslib.as_array(pointer, shape=(rows, cols))
+        return view
+
+
 class Context:
     """One llama.cpp context with a unified KV cache shared by all sequences.
 
@@ -408,9 +443,7 @@ class Context:
         except BaseException:
             self.close()
             raise
-        # The last view of llama.cpp's logits buffer, by (address, rows): a new view of it
-        # costs more than most of a step's own bookkeeping.
-        self._logits_view: tuple[tuple[int | None, int], npt.NDArray[np.float32]] | None = None
+        self._views = BufferViews()
 
     def _attach(self, k: int, chained: int) -> None:
         """One top_k(k) chain per sequence id below `chained`, attached once: each attach
@@ -430,19 +463,31 @@ class Context:
         self._chains = []
 
     def candidates(
-        self, i: int, ids: npt.NDArray[np.int32], values: npt.NDArray[np.float32]
-    ) -> int:
-        """Output row i's candidates from its sequence's chain, copied into `ids` and
-        `values` (room for the chain's k): how many there are (0: the row has none)."""
-        count = min(C.llama_get_sampled_candidates_count_ith(self.ptr, i), len(ids))
-        if count:
-            ctypes.memmove(
-                ids.ctypes.data, C.llama_get_sampled_candidates_ith(self.ptr, i), 4 * count
-            )
-            ctypes.memmove(
-                values.ctypes.data, C.llama_get_sampled_logits_ith(self.ptr, i), 4 * count
-            )
-        return int(count)
+        self, rows: Sequence[int], k: int
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+        """The candidates the sequences' chains left on output rows `rows` (ascending,
+        each of a sequence with a chain: engine/device_cut.py), at most k a row, one row
+        of the matrices each, as llama.cpp left them: ids and logits."""
+        # llama.cpp's *_ith take a token's index in the batch, or a negative one that
+        # counts output rows back from the last (as ours are numbered)
+        ptr, n_outputs = self.ptr, self._n_outputs
+        lo, hi = rows[0] - n_outputs, rows[-1] - n_outputs
+        count = min(C.llama_get_sampled_candidates_count_ith(ptr, lo), k)
+        if not count or C.llama_get_sampled_candidates_count_ith(ptr, hi) != count:
+            raise NativeError("backend sampling: a row has no candidates")
+        # One read of them all: llama.cpp keeps a row's candidates and their logits at
+        # row * n_vocab in one buffer each (llama-context.cpp), checked at both ends.
+        stride, read = self.model.n_vocab, []
+        for ith, kind in (
+            (_sampled_candidates_at, ctypes.c_int32),
+            (_sampled_logits_at, ctypes.c_float),
+        ):
+            first, last = ith(ptr, lo) or 0, ith(ptr, hi) or 0
+            if not first or last - first != 4 * stride * (rows[-1] - rows[0]):
+                raise NativeError("backend sampling: llama.cpp's candidates are not in one buffer")
+            whole = self._views.of(first - 4 * stride * rows[0], kind, n_outputs, stride)
+            read.append(whole[rows, :count])
+        return read[0], read[1]
 
     def warm_up(self, token: int) -> None:
         """One throwaway decode, so the first request does not pay for page faults and
@@ -468,11 +513,8 @@ class Context:
         if not self._n_outputs:
             return np.empty((0, self.model.n_vocab), np.float32)
         ptr = C.llama_get_logits(self.ptr)  # on a GPU, it waits for the decode to end
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, self._n_outputs)
-        if self._logits_view is None or self._logits_view[0] != key:
-            view = np.ctypeslib.as_array(ptr, shape=(self._n_outputs, self.model.n_vocab))
-            self._logits_view = (key, view)
-        return self._logits_view[1]
+        address = ctypes.cast(ptr, ctypes.c_void_p).value or 0
+        return self._views.of(address, ctypes.c_float, self._n_outputs, self.model.n_vocab)
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         C.llama_memory_seq_cp(self.memory, src, dst, p0, p1)

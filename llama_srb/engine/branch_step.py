@@ -161,7 +161,8 @@ class BranchStep:
         joins."""
         assert branch.sampler is not None
         banned = branch.bans.at(len(branch.tokens)) if branch.bans is not None else None
-        forbidden = self._eog if mask_eog else None
+        # candidates with no end-of-generation token among them need no mask of them
+        forbidden = self._eog if mask_eog and row.eog else None
         if banned:
             ids = np.asarray(banned, dtype=np.int64)
             forbidden = np.unique(ids if forbidden is None else np.concatenate([forbidden, ids]))

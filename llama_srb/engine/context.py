@@ -4,6 +4,7 @@ computes logits from a table (tests/unit/fake_context.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -45,10 +46,12 @@ class DecodeContext(Protocol):
         ...
 
     def candidates(
-        self, i: int, ids: npt.NDArray[np.int32], values: npt.NDArray[np.float32]
-    ) -> int:
-        """Output row i's candidates from its sequence's device chain (backend sampling:
-        engine/device_cut.py), copied into `ids` and `values`: how many (0: none)."""
+        self, rows: Sequence[int], k: int
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+        """Output rows' candidates from their sequences' device chains (backend sampling:
+        engine/device_cut.py; rows ascending, each with a chain), at most k a row: ids
+        and logits, a row of each per row asked, in any order (raises NativeError when a
+        row has none)."""
         ...
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...

@@ -36,7 +36,7 @@ from llama_srb.engine.request import Branch, Request
 from llama_srb.engine.scheduler import DecodeCall
 from llama_srb.engine.stats import EngineStats
 from llama_srb.native import Batch
-from llama_srb.sampling.device_row import DeviceRow
+from llama_srb.sampling.device_row import DeviceRow, sort_candidates
 
 # The device's cut: above llama.cpp's default top-k (40), so its default chain is decided
 # on the device; 512 bytes a row to read.
@@ -61,17 +61,16 @@ class CallRows:
     device: dict[int, Origin] = field(default_factory=dict)
     whole: bool = True
     scratch: bool = False  # the scratch token was added to make it so
-    # after the decode: each device row's candidates (ids, logits), as the device left them
-    candidates: dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]] = field(
-        default_factory=dict
-    )
+    # after the decode: each device row's candidates, most likely first
+    candidates: dict[int, DeviceRow] = field(default_factory=dict)
     decoded_again: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
 
 
 class DeviceCut:
     """`k`: the device's cut. Sequence ids below `chained` carry it; `scratch` carries
     none and is no request's. `bos`: the scratch token. A vocabulary of at most `k`
-    tokens is cut to all of them."""
+    tokens is cut to all of them. `eog_tokens`: the model's end-of-generation tokens (a
+    row that holds none needs no mask of them)."""
 
     def __init__(
         self,
@@ -82,6 +81,7 @@ class DeviceCut:
         scratch: int,
         bos: int,
         n_vocab: int,
+        eog_tokens: tuple[int, ...],
     ) -> None:
         self.ctx = ctx
         self.stats = stats
@@ -90,6 +90,7 @@ class DeviceCut:
         self.scratch = scratch
         self.bos = bos
         self.complete = n_vocab <= k
+        self._eog = np.array(eog_tokens, np.int64)
         self._one = Batch(1)
 
     def close(self) -> None:
@@ -151,15 +152,15 @@ class DeviceCut:
             self.ctx.seq_rm(self.scratch)
         if not rows.device:
             return
-        ids = np.empty((len(rows.device), self.k), np.int32)
-        values = np.empty((len(rows.device), self.k), np.float32)
-        for slot, i in enumerate(rows.device):
-            count = self.ctx.candidates(i, ids[slot], values[slot])
-            rows.candidates[i] = (ids[slot, :count], values[slot, :count])
-        self.stats.device_rows += len(rows.device)
-
-    def row(self, rows: CallRows, i: int) -> DeviceRow:
-        return DeviceRow(*rows.candidates[i], complete=self.complete)
+        at = list(rows.device)  # ascending: the decode rows, then the prompts' last
+        # the call's rows ordered at once: a row's own sort cost more than its sampling
+        ids, values = sort_candidates(*self.ctx.candidates(at, self.k))
+        holds_eog = (ids[:, :, None] == self._eog).any(axis=(1, 2)).tolist()
+        for slot, i in enumerate(at):
+            rows.candidates[i] = DeviceRow(
+                ids[slot], values[slot], self.complete, ordered=True, eog=holds_eog[slot]
+            )
+        self.stats.device_rows += len(at)
 
     def whole_row(
         self, rows: CallRows, logits: npt.NDArray[np.float32], i: int

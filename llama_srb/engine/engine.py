@@ -81,7 +81,14 @@ class Engine:
         self.device: DeviceCut | None = None
         if on_device:
             self.device = DeviceCut(
-                ctx, self.stats, device_top_k, chained, budget.n_seq, self._bos, model.n_vocab
+                ctx,
+                self.stats,
+                device_top_k,
+                chained,
+                budget.n_seq,
+                self._bos,
+                model.n_vocab,
+                model.eog_tokens,
             )
             budget.chained = chained
             budget.prefers_chain = self.device.prefers_chain

@@ -111,9 +111,8 @@ class SamplingStage:
     def _row(self, rows: CallRows, logits: npt.NDArray[np.float32], i: int) -> Row | DeviceRow:
         """Output row i of the call, as the host reads it (counted): the device's
         candidates, or the whole row."""
-        if i in rows.device:
-            assert self.device is not None
-            candidates = self.device.row(rows, i)
+        candidates = rows.candidates.get(i)
+        if candidates is not None:
             self.stats.logits_bytes_read += candidates.nbytes
             return candidates
         return self._whole(logits[i])

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from llama_srb.sampling.cut import Cut, Ids, Vector
+from llama_srb.sampling.cut import Cut, Ids, Vector, descending_bits, value_of_bits
 
 NO_COLUMNS = np.empty(0, np.int64)
 NO_READ = np.empty((0, 0), np.float32)
@@ -28,19 +28,43 @@ class Undecided(Exception):
     """The candidates cannot prove this pick: it needs the whole row."""
 
 
+def sort_candidates(
+    ids: npt.NDArray[np.integer], values: npt.NDArray[np.float32]
+) -> tuple[Ids, npt.NDArray[np.float32]]:
+    """Rows of candidates (one row of `ids`/`values` each; ids below 2**32) in the order
+    the host path reads a cut: most likely first, lower ids first among equals.
+    llama.cpp leaves them in no order (its CPU top_k swaps the first two on purpose), so
+    every row is sorted, all at once: one sort of the matrix on a 64-bit key a token,
+    its logit's `descending_bits` above its id (a lexsort of each row cost more than
+    its sampling)."""
+    keys = descending_bits(values).astype(np.uint64) << 32 | ids.astype(np.uint32)
+    keys.sort(axis=1)
+    return (keys & 0xFFFFFFFF).astype(np.int64), value_of_bits((keys >> 32).astype(np.uint32))
+
+
 class DeviceRow:
     """`ids`/`values`: the device's candidates (any order); `complete`: they are every
-    token of the vocabulary (nothing is off the list)."""
+    token of the vocabulary (nothing is off the list). `ordered`: they are in
+    `sort_candidates`'s order already, the ids int64 (the engine orders a call's rows
+    at once). `eog`: whether an end-of-generation token may be among them (False: a
+    mask of them changes nothing here, and is not applied)."""
 
-    __slots__ = ("_saved", "floor", "ids", "values")
+    __slots__ = ("_saved", "eog", "floor", "ids", "values")
 
-    def __init__(self, ids: npt.NDArray[np.int32], values: Vector, complete: bool = False):
-        if len(values) > 1 and not np.all(values[:-1] > values[1:]):  # llama.cpp's are
-            order = np.lexsort((ids, -values))  # most likely first, lower ids first on ties
-            ids, values = ids[order], values[order]
-        self.ids: Ids = ids.astype(np.int64)
+    def __init__(
+        self,
+        ids: npt.NDArray[np.integer],
+        values: Vector,
+        complete: bool = False,
+        ordered: bool = False,
+        eog: bool = True,
+    ) -> None:
+        if not ordered:
+            (ids,), (values,) = sort_candidates(ids[None], values[None])
+        self.ids: Ids = ids  # type: ignore[assignment]  # int64 when ordered, or made so
         self.values: Vector = values
-        self.floor = -np.inf if complete or not len(values) else float(self.values[-1])
+        self.floor = -np.inf if complete or not len(values) else float(values[-1])
+        self.eog = eog
         self._saved: tuple[Ids, Vector] | None = None
 
     @property
@@ -63,9 +87,10 @@ class DeviceRow:
         assert self._saved is None, "one patch at a time"
         self._saved = (self.ids, self.values)
         # a few ids (end of generation, banned tokens): one comparison of each with all
-        at = np.flatnonzero((self.ids[:, None] == ids).any(axis=1))
-        if not len(at):  # the common case: none of them is among the candidates
+        hits = self.ids[:, None] == ids
+        if not hits.any():  # the common case: none of them is among the candidates
             return
+        at = np.flatnonzero(hits.any(axis=1))
         sorter = np.argsort(ids)
         new = self.values.copy()
         new[at] = values[sorter[np.searchsorted(ids, self.ids[at], sorter=sorter)]]

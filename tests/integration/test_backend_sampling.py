@@ -25,7 +25,7 @@ from llama_srb.engine.device_cut import DEVICE_TOP_K
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.native import Batch, Context, ContextOptions, Model
+from llama_srb.native import Batch, Context, ContextOptions, Model, NativeError
 from llama_srb.sampling.branch import build_samplers
 from llama_srb.sampling.cut import Row
 from llama_srb.sampling.device_row import DeviceRow, Undecided
@@ -82,17 +82,52 @@ def decoded(bundled_model: str) -> Iterator[DecodedRows]:
             batch.add(tokens[30 + (seq * 3 + step) % 20], len(prompt) + step, seq, True)
         ctx.decode(batch)
         logits = ctx.logits()
+        ids, values = ctx.candidates(range(N), DEVICE_TOP_K)
+        assert ids.shape == values.shape == (N, DEVICE_TOP_K)
+        with pytest.raises(NativeError):  # seq N: no chain, no candidates
+            ctx.candidates([N], DEVICE_TOP_K)
         for i in range(N):
-            ids = np.empty(DEVICE_TOP_K, np.int32)
-            values = np.empty(DEVICE_TOP_K, np.float32)
-            assert ctx.candidates(i, ids, values) == DEVICE_TOP_K
             whole.append(logits[i].copy())
-            candidates.append((ids, values))
-        assert ctx.candidates(N, ids, values) == 0  # no chain, no candidates
+            candidates.append((ids[i], values[i]))
     yield DecodedRows(model, whole, candidates)
     batch.close()
     ctx.close()
     model.close()
+
+
+def test_candidates_are_read_by_output_row(bundled_model: str) -> None:
+    """Output rows are numbered as `Batch.add` numbers them, which is not the batch's
+    token index once a token without logits comes before one with: llama.cpp's `_ith`
+    calls take the latter, so each row must be the one asked for (a prompt's last row
+    after its other tokens, in one call with a decode row of another sequence)."""
+    model = Model(bundled_model_path(bundled_model))
+    options = ContextOptions(
+        n_ctx=256, n_seq_max=3, n_batch=64, device_top_k=DEVICE_TOP_K, chained=2
+    )
+    ctx = Context(model, options)
+    batch = Batch(64)
+    try:
+        tokens = model.tokenize(STORY)
+        batch.add_span(tokens[:4], 0, 1, False)
+        ctx.decode(batch)
+        batch.clear()
+        rows = [
+            batch.add(tokens[4], 4, 1, True),  # a decode row
+            batch.add_span(tokens[:12], 0, 0, True),  # a prompt: its last row, 11 tokens on
+            batch.add(tokens[0], 0, 2, True),  # no chain: llama.cpp copies every row out
+        ]
+        ctx.decode(batch)
+        assert rows == [0, 1, 2]
+        ids, values = ctx.candidates(rows[:2], DEVICE_TOP_K)
+        logits = ctx.logits()
+        for slot, row in enumerate(rows[:2]):
+            top = np.sort(logits[row])[::-1][:DEVICE_TOP_K]
+            assert np.sort(values[slot])[::-1].tolist() == top.tolist()
+            assert values[slot].tolist() == logits[row][ids[slot]].tolist()
+    finally:
+        batch.close()
+        ctx.close()
+        model.close()
 
 
 def test_the_device_s_candidates_are_each_row_s_64_most_likely(decoded: DecodedRows) -> None:

@@ -31,7 +31,7 @@ from llama_srb.engine.share import ShareRules
 from llama_srb.engine.spec import RequestSpec
 from llama_srb.engine.tiers import TierStore
 from llama_srb.engine.watch import Watchdog
-from llama_srb.native import Batch, DecodeError
+from llama_srb.native import Batch, DecodeError, NativeError
 from llama_srb.sampling.cut import Ids, Row
 from llama_srb.sampling.device_row import DeviceRow
 from llama_srb.sampling.params import SamplingParams
@@ -201,14 +201,14 @@ class FakeContext:
         self.decoded += n
 
     def candidates(
-        self, i: int, ids: npt.NDArray[np.int32], values: npt.NDArray[np.float32]
-    ) -> int:
-        cut = self.cut[i]
-        if cut is None:
-            return 0
-        count = min(len(cut[0]), len(ids))
-        ids[:count], values[:count] = cut[0][:count], cut[1][:count]
-        return count
+        self, rows: Sequence[int], k: int
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+        cuts = [self.cut[i] for i in rows]
+        if any(cut is None for cut in cuts):
+            raise NativeError("backend sampling: a row has no candidates")
+        ids = np.stack([cut[0][:k] for cut in cuts if cut is not None]).astype(np.int32)
+        values = np.stack([cut[1][:k] for cut in cuts if cut is not None])
+        return ids, values
 
     def logits(self) -> npt.NDArray[np.float32]:
         if self._logits is None:  # one writable matrix per decode, as llama.cpp's buffer

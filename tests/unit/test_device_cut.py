@@ -14,7 +14,7 @@ from llama_srb.engine.device_cut import DEVICE_TOP_K
 from llama_srb.engine.engine import Engine
 from llama_srb.loader import backend_sampling, context_options, kv_budget, offloaded
 from llama_srb.sampling.cut import Row, most_likely_first
-from llama_srb.sampling.device_row import DeviceRow, Undecided
+from llama_srb.sampling.device_row import DeviceRow, Undecided, sort_candidates
 from tests.unit.fake_context import (
     BOS,
     N_VOCAB,
@@ -106,6 +106,48 @@ def test_a_device_row_without_masks_or_ties_decides_every_cut_below_k() -> None:
     with pytest.raises(Undecided):  # the 10th could tie a token off the list
         device.top_k(10)
     assert DeviceRow(*top(logits, 64), complete=True).top_k(64).ids[-1] == np.argmin(logits)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_call_s_candidates_are_sorted_as_the_host_path_reads_a_cut(seed: int) -> None:
+    """Most likely first, lower ids first among equals, -0.0 equal to 0.0, -inf last;
+    from any order (llama.cpp's CPU top_k swaps the first two; a GPU's may be any)."""
+    rng = np.random.default_rng(seed)
+    values = np.round(rng.normal(0, 2, (8, 64)), 1).astype(np.float32)  # ties
+    values[0, :3] = [-0.0, 0.0, -np.inf]
+    values[1] = 0.0
+    ids = np.stack([rng.permutation(262_144)[:64] for _ in range(8)]).astype(np.int32)
+    values[2, :2], ids[2, :2] = values[2, 1::-1], ids[2, 1::-1]
+    got_ids, got_values = sort_candidates(ids, values)
+    for row in range(8):
+        order = np.lexsort((ids[row], -values[row]))
+        assert got_ids[row].tolist() == ids[row][order].tolist()
+        assert got_values[row].tolist() == values[row][order].tolist()
+    assert got_ids.dtype == np.int64 and got_values.dtype == np.float32
+
+
+def test_only_rows_holding_end_of_generation_are_masked_and_all_pick_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ignore_eos the engine masks the model's end-of-generation tokens. A row whose
+    candidates hold none of them (DeviceCut checks a call's rows at once) is not
+    patched, as the mask changes nothing there; one that holds one is. Every branch
+    draws what its masked whole row gives it (the table puts EOS first after 3 tokens)."""
+    requests = [("a", PROMPT, 3, {"max_tokens": 9, "ignore_eos": True})]
+    table = Ends(len(PROMPT), 3)
+    host, _ = make_engine(max_live=8, table=table)
+    device, _ = make_engine(max_live=8, table=table, device_top_k=K, chained=8)
+    patched: list[bool] = []
+    patch = DeviceRow.patch
+
+    def counted(row: DeviceRow, ids: np.ndarray, values: np.ndarray) -> None:
+        patched.append(bool(np.isin(ids, row.ids).any()))
+        patch(row, ids, values)
+
+    monkeypatch.setattr(DeviceRow, "patch", counted)
+    assert outputs_of(device, requests) == outputs_of(host, requests)
+    rows = device.stats.device_rows
+    assert 0 < len(patched) < rows and all(patched)  # some rows held EOS; only they
 
 
 def outputs_of(engine: Engine, requests: list[tuple[str, list[int], int, dict[str, object]]]):
