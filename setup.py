@@ -1,5 +1,6 @@
-"""The C part of llama-srb: four loops over a logits row (llama_srb/sampling/_rows.c) that
-numpy makes slowly, two of them vectorized. Everything else is in pyproject.toml."""
+"""The C part of llama-srb: five loops that numpy makes slowly, over a logits row or backend
+sampling's candidates (llama_srb/sampling/_rows.c), two of them vectorized. Everything else
+is in pyproject.toml."""
 
 from setuptools import Extension, setup
 

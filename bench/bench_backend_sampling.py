@@ -20,10 +20,11 @@ run inside `llama_decode`'s graph) costs and saves on this machine, real decodes
    decoded together, each branch sampling its token with the request's own chain
    (sampling/branch.py). *host*: from the whole row, as the engine does. *device*: from
    the K candidates llama.cpp's `top_k(K)` left, read and sorted as the engine reads them
-   (a call's rows at once: `Context.candidates`, `sort_candidates`), the chain finished on them exactly as the host path finishes its own
-   cut, when the candidates prove it (the chain's first cut is a top-k of k < K, the
-   greedy pick or a min-p, and no head; the k-th candidate, or the min-p's threshold,
-   above the K-th); other chains have no device column. Both loops decode the same
+   (a call's rows at once: `Context.candidates`, `sort_candidates`), the chain finished
+   on them exactly as the host path finishes its own cut, when the candidates prove it
+   (the chain's first cut is a top-k of k < K, the greedy pick or a min-p, and no head;
+   the k-th candidate, or the min-p's threshold, above the K-th); other chains have no
+   device column. Both loops decode the same
    tokens in the same batches, so the same rows: `same` counts the branches whose tokens
    agree over the run (every branch, when the device cut loses nothing). Host ms is the
    loop's wall less `llama_decode`; decode ms is per step, the device cut included; the
@@ -169,7 +170,7 @@ def sampling_loop(
         if step:  # the first call of this shape sets llama.cpp up: not counted
             decode += decoded - started
         if device:  # as the engine reads them (engine/device_cut.py): a call's at once
-            ids, values = sort_candidates(*ctx.candidates(range(n), k_device))
+            ids, values, _ = sort_candidates(*ctx.candidates(range(n), k_device))
             read += ids.shape[1] * 8 * n
         for i, sampler in enumerate(samplers):
             if device:

@@ -153,13 +153,10 @@ class DeviceCut:
         if not rows.device:
             return
         at = list(rows.device)  # ascending: the decode rows, then the prompts' last
-        # the call's rows ordered at once: a row's own sort cost more than its sampling
-        ids, values = sort_candidates(*self.ctx.candidates(at, self.k))
-        holds_eog = (ids[:, :, None] == self._eog).any(axis=(1, 2)).tolist()
-        for slot, i in enumerate(at):
-            rows.candidates[i] = DeviceRow(
-                ids[slot], values[slot], self.complete, ordered=True, eog=holds_eog[slot]
-            )
+        # the call's rows ordered, and checked for end of generation, at once
+        ids, values, holds_eog = sort_candidates(*self.ctx.candidates(at, self.k), self._eog)
+        for slot, (i, eog) in enumerate(zip(at, holds_eog.tolist(), strict=True)):
+            rows.candidates[i] = DeviceRow(ids[slot], values[slot], self.complete, True, eog)
         self.stats.device_rows += len(at)
 
     def whole_row(

@@ -1,4 +1,5 @@
-/* Loops over a logits row that numpy makes slowly (sampling/cut.py's Row).
+/* Loops that numpy makes slowly: over a logits row (sampling/cut.py's Row), and over
+   backend sampling's candidates (sampling/device_row.py).
 
    exp_sum: sum(exp(scale * (x - top))) over a row, in one pass: numpy writes the shifted
    row, then its exp(), then sums it. mask_row: a grammar's mask applied to a row in place,
@@ -7,12 +8,13 @@
    positions of the k largest of a row's column maxima, or of the columns read, by a heap.
    head: where a top-p's column maxima, largest first, reach its mass, by a heap as well.
 
-   Two of the four vectorize, and only those two are compiled for AVX-512 and AVX2 beside
+   Two of the five vectorize, and only those two are compiled for AVX-512 and AVX2 beside
    the baseline (GCC's target_clones; the loader picks the widest the CPU has): exp_sum's
    lanes, in every clone (-fno-trapping-math lets the baseline and AVX2 ones select), and
    mask_row's loops over a word of 32 tokens, a word of allowed and refused tokens in the
    AVX2 and AVX-512 clones only (the baseline, SSE2, has no blend); a word across a grid
    row's end is read one token at a time.
+   sort_candidates: backend sampling's candidates, each row in the host path's order.
    top_k and head are heaps, one item at a time: scalar (head's first test sums its values
    with exp_sum). GCC 12 -O3 on setup.py's flags, read with -fopt-info-vec-optimized. */
 
@@ -170,6 +172,39 @@ static float head_of(const float *restrict x, Py_ssize_t n, float top, float sca
     }
 }
 
+/* Each row of k candidates (ids, logits) in the order the host path reads a cut: most
+   likely first, lower ids first among equals (-0.0 equals 0.0, as floats compare), and
+   whether the row holds any of the n_marked ids `marked` (the model's end of
+   generation). An insertion sort of positions: llama.cpp's CPU top_k leaves a row sorted
+   but for its first two, a few moves; any order is at most k * k / 2 compares a row. */
+static void sort_candidates_of(const int32_t *restrict ids, const float *restrict values,
+                               Py_ssize_t m, Py_ssize_t k, const int64_t *restrict marked,
+                               Py_ssize_t n_marked, int64_t *restrict out_ids,
+                               float *restrict out_values, uint8_t *restrict holds,
+                               Py_ssize_t *restrict order) {
+    for (Py_ssize_t row = 0; row < m; row++) {
+        const int32_t *id = ids + row * k;
+        const float *value = values + row * k;
+        uint8_t held = 0;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            for (Py_ssize_t j = 0; j < n_marked; j++) held |= id[i] == marked[j];
+            Py_ssize_t at = i;
+            for (; at > 0; at--) {
+                Py_ssize_t before = order[at - 1];
+                if (value[before] > value[i] || (value[before] == value[i] && id[before] < id[i]))
+                    break;
+                order[at] = before;
+            }
+            order[at] = i;
+        }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            out_ids[row * k + i] = id[order[i]];
+            out_values[row * k + i] = value[order[i]];
+        }
+        holds[row] = held;
+    }
+}
+
 /* A C-contiguous buffer of `size`-byte items of one of `formats` ("f": float32, "i":
    int32, "lq": int64) in the machine's byte order (numpy's views of ctypes memory say so:
    "<f"). */
@@ -263,6 +298,44 @@ static PyObject *head(PyObject *self, PyObject *args) {
     return heap ? PyFloat_FromDouble(threshold) : PyErr_NoMemory();
 }
 
+static PyObject *sort_candidates(PyObject *self, PyObject *args) {
+    enum { IDS, VALUES, MARKED, OUT_IDS, OUT_VALUES, HOLDS, N };
+    static const char *formats[N] = {"i", "f", "lq", "lq", "f", "?"};
+    static const char *names[N] = {"ids", "values", "marked", "out_ids", "out_values", "holds"};
+    static const Py_ssize_t sizes[N] = {4, 4, 8, 8, 4, 1};
+    PyObject *objects[N];
+    Py_ssize_t k;
+    if (!PyArg_ParseTuple(args, "OOnOOOO", &objects[IDS], &objects[VALUES], &k,
+                          &objects[MARKED], &objects[OUT_IDS], &objects[OUT_VALUES],
+                          &objects[HOLDS]))
+        return NULL;
+    Py_buffer buffers[N];
+    int held = 0;
+    for (; held < N; held++)
+        if (!items(objects[held], &buffers[held], formats[held], sizes[held], held >= OUT_IDS,
+                   names[held]))
+            break;
+    if (held == N) {
+        Py_ssize_t n = buffers[IDS].len / 4, m = k > 0 ? n / k : 0;
+        Py_ssize_t *order = k > 0 ? PyMem_Malloc(k * sizeof(Py_ssize_t)) : NULL;
+        if (k <= 0 || n % k)
+            PyErr_SetString(PyExc_ValueError, "k: not a row length of ids");
+        else if (buffers[VALUES].len / 4 != n || buffers[OUT_IDS].len / 8 != n ||
+                 buffers[OUT_VALUES].len / 4 != n || buffers[HOLDS].len != m)
+            PyErr_SetString(PyExc_ValueError,
+                            "values, out_ids, out_values, holds: not shaped as ids");
+        else if (!order)
+            PyErr_NoMemory();
+        else
+            sort_candidates_of(buffers[IDS].buf, buffers[VALUES].buf, m, k, buffers[MARKED].buf,
+                               buffers[MARKED].len / 8, buffers[OUT_IDS].buf,
+                               buffers[OUT_VALUES].buf, buffers[HOLDS].buf, order);
+        PyMem_Free(order);
+    }
+    while (held-- > 0) PyBuffer_Release(&buffers[held]);
+    return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+}
+
 static PyMethodDef methods[] = {
     {"exp_sum", exp_sum, METH_VARARGS,
      "exp_sum(row, top, scale) -> sum(exp(scale * (row - top))) of a float32 row (top its "
@@ -277,6 +350,11 @@ static PyMethodDef methods[] = {
      "head(values, top, scale, target): the largest of the float32 `values` (top their "
      "maximum) at which their weights exp(scale * (value - top)), largest first, add up to "
      "`target`; the least finite value when they add up to less, -inf when none is finite."},
+    {"sort_candidates", sort_candidates, METH_VARARGS,
+     "sort_candidates(ids, values, k, marked, out_ids, out_values, holds): each row of k "
+     "int32 `ids` and float32 `values`, most likely first and lower ids first among equals, "
+     "into the int64 `out_ids` and float32 `out_values`; `holds`: the bool of each row, "
+     "whether it holds any of the int64 ids `marked`."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -323,23 +323,12 @@ def most_likely_first(ids: Ids, values: Vector) -> tuple[Ids, Vector]:
 
 def _by_key(values: Vector) -> npt.NDArray[np.intp]:
     """The stable descending order of `values` from one vectorized sort of distinct keys:
-    each value's `descending_bits` above its position."""
-    keys = descending_bits(values).astype(np.uint64) << 32 | np.arange(len(values), dtype=np.uint64)
-    return (np.sort(keys) & 0xFFFFFFFF).astype(np.intp)
-
-
-def descending_bits(values: npt.NDArray[np.float32]) -> npt.NDArray[np.uint32]:
-    """Keys that sort ascending as `values` (any shape) descend, equal for equals: each
-    float's bits made to sort as its value (negatives flipped whole, positives by their
-    sign bit), inverted. `value_of_bits` turns them back."""
+    each float's bits made to sort as its value (negatives flipped whole, positives by
+    their sign bit), inverted for descending, above its position."""
     bits = (values + np.float32(0)).view(np.uint32)  # -0.0 as 0.0: they are equal
-    return ~np.where(bits >> 31, ~bits, bits | np.uint32(1 << 31))
-
-
-def value_of_bits(keys: npt.NDArray[np.uint32]) -> npt.NDArray[np.float32]:
-    """The values whose `descending_bits` are `keys`."""
-    ascending = ~keys
-    return np.where(ascending >> 31, ascending & np.uint32(0x7FFFFFFF), ~ascending).view(np.float32)
+    ascending = np.where(bits >> 31, ~bits, bits | np.uint32(1 << 31))
+    keys = (~ascending).astype(np.uint64) << np.uint64(32) | np.arange(len(values), dtype=np.uint64)
+    return (np.sort(keys) & np.uint64(0xFFFFFFFF)).astype(np.intp)
 
 
 def _cumulative(values: Vector, top: float, scale: float) -> npt.NDArray[np.float64]:

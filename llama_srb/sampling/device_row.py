@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from llama_srb.sampling.cut import Cut, Ids, Vector, descending_bits, value_of_bits
+from llama_srb.sampling import _rows
+from llama_srb.sampling.cut import Cut, Ids, Vector
 
 NO_COLUMNS = np.empty(0, np.int64)
 NO_READ = np.empty((0, 0), np.float32)
@@ -29,17 +30,22 @@ class Undecided(Exception):
 
 
 def sort_candidates(
-    ids: npt.NDArray[np.integer], values: npt.NDArray[np.float32]
-) -> tuple[Ids, npt.NDArray[np.float32]]:
-    """Rows of candidates (one row of `ids`/`values` each; ids below 2**32) in the order
-    the host path reads a cut: most likely first, lower ids first among equals.
-    llama.cpp leaves them in no order (its CPU top_k swaps the first two on purpose), so
-    every row is sorted, all at once: one sort of the matrix on a 64-bit key a token,
-    its logit's `descending_bits` above its id (a lexsort of each row cost more than
-    its sampling)."""
-    keys = descending_bits(values).astype(np.uint64) << 32 | ids.astype(np.uint32)
-    keys.sort(axis=1)
-    return (keys & 0xFFFFFFFF).astype(np.int64), value_of_bits((keys >> 32).astype(np.uint32))
+    ids: npt.NDArray[np.integer],
+    values: npt.NDArray[np.float32],
+    marked: npt.NDArray[np.int64] = NO_COLUMNS,
+) -> tuple[Ids, npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+    """Rows of candidates (one row of `ids`/`values` each) in the order the host path
+    reads a cut: most likely first, lower ids first among equals; and whether each row
+    holds any of the ids `marked`. llama.cpp leaves them in no order (its CPU top_k swaps
+    the first two on purpose), so every row is sorted, all in one C call
+    (sampling/_rows.c): numpy's sorts of each row cost more than its sampling."""
+    ids = np.ascontiguousarray(ids, np.int32)
+    values = np.ascontiguousarray(values, np.float32)
+    out_ids, out_values = np.empty(ids.shape, np.int64), np.empty(values.shape, np.float32)
+    holds = np.empty(ids.shape[:-1], np.bool_)
+    marked = np.ascontiguousarray(marked, np.int64)
+    _rows.sort_candidates(ids, values, ids.shape[-1], marked, out_ids, out_values, holds)
+    return out_ids, out_values, holds
 
 
 class DeviceRow:
@@ -60,7 +66,7 @@ class DeviceRow:
         eog: bool = True,
     ) -> None:
         if not ordered:
-            (ids,), (values,) = sort_candidates(ids[None], values[None])
+            (ids,), (values,), _ = sort_candidates(ids[None], values[None])
         self.ids: Ids = ids  # type: ignore[assignment]  # int64 when ordered, or made so
         self.values: Vector = values
         self.floor = -np.inf if complete or not len(values) else float(values[-1])

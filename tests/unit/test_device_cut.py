@@ -13,6 +13,7 @@ from llama_srb.config import MAX_SEQUENCE_IDS, Settings
 from llama_srb.engine.device_cut import DEVICE_TOP_K
 from llama_srb.engine.engine import Engine
 from llama_srb.loader import backend_sampling, context_options, kv_budget, offloaded
+from llama_srb.sampling import _rows
 from llama_srb.sampling.cut import Row, most_likely_first
 from llama_srb.sampling.device_row import DeviceRow, Undecided, sort_candidates
 from tests.unit.fake_context import (
@@ -111,19 +112,27 @@ def test_a_device_row_without_masks_or_ties_decides_every_cut_below_k() -> None:
 @pytest.mark.parametrize("seed", range(5))
 def test_a_call_s_candidates_are_sorted_as_the_host_path_reads_a_cut(seed: int) -> None:
     """Most likely first, lower ids first among equals, -0.0 equal to 0.0, -inf last;
-    from any order (llama.cpp's CPU top_k swaps the first two; a GPU's may be any)."""
+    from any order (llama.cpp's CPU top_k swaps the first two; a GPU's may be any); and
+    which rows hold a marked id (end of generation)."""
     rng = np.random.default_rng(seed)
     values = np.round(rng.normal(0, 2, (8, 64)), 1).astype(np.float32)  # ties
     values[0, :3] = [-0.0, 0.0, -np.inf]
     values[1] = 0.0
     ids = np.stack([rng.permutation(262_144)[:64] for _ in range(8)]).astype(np.int32)
     values[2, :2], ids[2, :2] = values[2, 1::-1], ids[2, 1::-1]
-    got_ids, got_values = sort_candidates(ids, values)
+    marked = np.array([ids[3, 17], ids[5, 0]], np.int64)
+    got_ids, got_values, holds = sort_candidates(ids, values, marked)
+    assert holds.tolist() == [np.isin(marked, row).any() for row in ids]
+    assert holds.tolist().count(True) >= 2
     for row in range(8):
         order = np.lexsort((ids[row], -values[row]))
         assert got_ids[row].tolist() == ids[row][order].tolist()
         assert got_values[row].tolist() == values[row][order].tolist()
     assert got_ids.dtype == np.int64 and got_values.dtype == np.float32
+    with pytest.raises(ValueError, match="row length"):  # the C loop checks its shapes
+        _rows.sort_candidates(
+            ids, values, 5, marked, np.empty(ids.shape, np.int64), values.copy(), holds
+        )
 
 
 def test_only_rows_holding_end_of_generation_are_masked_and_all_pick_the_same(
