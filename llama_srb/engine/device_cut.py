@@ -156,7 +156,9 @@ class DeviceCut:
         # the call's rows ordered, and checked for end of generation, at once
         ids, values, holds_eog = sort_candidates(*self.ctx.candidates(at, self.k), self._eog)
         for slot, (i, eog) in enumerate(zip(at, holds_eog.tolist(), strict=True)):
-            rows.candidates[i] = DeviceRow(ids[slot], values[slot], self.complete, True, eog)
+            rows.candidates[i] = DeviceRow(
+                ids[slot], values[slot], self.complete, ordered=True, eog=eog
+            )
         self.stats.device_rows += len(at)
 
     def whole_row(
