@@ -44,30 +44,35 @@
 # build/gpu-pack and nothing more; the work folder build/gpu (ignored, never carried) stays
 # on the machine between them. Send the second as soon as the first returns: the machine
 # stays warm 30 s after a call, and a fresh one would have neither the build nor the model.
-#   1. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps setup,build,model,checks
-#      (timeout_s 560), limits in seconds:
+#   1. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps setup,build,model,checks,backend
+#      (timeout_s 595), limits in seconds:
 #        setup      30  unpack, a venv on the image's Python 3.12, the wheels, llama-srb (-e)
 #        build     300  CMake + ninja: ggml-cuda for sm_90 only, libllama, the two tools
 #        model     100  a random Llama-3.1-8B (F16, 16 GB, bench/make_model.py), then
 #                       Q4_K_M (4.6 GB)
-#        checks     40  offload, every sampling path, a grammar, the prefix cache
+#        checks     60  offload, every sampling path, a grammar, the prefix cache, each
+#                       with --backend-sampling off and on; greedy the same with both
 #                       (bench/gpu_checks.py)
-#                  470
-#   2. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps decode,host_free,host_real,backend,cache
-#      (timeout_s 360; `decode` is decode_512,decode_4096):
+#        backend    60  --backend-sampling off against on, n=8 and 64, the defaults and
+#                       greedy, each the median of 2 (bench/bench_backend_sampling.py
+#                       --parts 1). Not a min-p first, nor SillyTavern's presets: on random
+#                       weights' flat rows a min-p keeps thousands of tokens, and the host
+#                       path's sort of them (ms a branch-step) would be all the table showed.
+#                  550
+#   2. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps decode,host_free,host_real,cache
+#      (timeout_s 300; `decode` is decode_512,decode_4096):
 #        decode_512  60  one request of n=1,8,32,64 beside llama-batched-bench -pps -kvu,
 #        decode_4096 60  prompts of 512 and 4,096 tokens (bench/gpu_decode.py)
 #        host_free   30  host time per branch-step, decode free and real (bench/bench_host.py)
 #        host_real   30
-#        backend     40  --backend-sampling off against on, n=8 and 64, the defaults, greedy
-#                        and a min-p first (bench/bench_backend_sampling.py --parts 1)
 #        cache       60  swipes and a tree walk (bench/bench_cache.py --parts swipes,walks)
-#                   280
+#                   240
 # The 15 minutes of device time: the machine's start (1 to 2 minutes), the tree and the
-# pack sent with each call (about 52 MiB), and at most 470 + 280 s of steps (a step that
+# pack sent with each call (about 52 MiB), and at most 550 + 240 s of steps (a step that
 # overruns is killed, 10 s later at the latest, and the others still run): about 15
-# minutes if every step took its whole limit (the slowest case; `backend` is the step to
-# leave out of the second call when the first ran long). A step whose input is missing (no venv, no
+# minutes if every step took its whole limit (the slowest case). What the GPU is lent for
+# comes first: the checks and backend sampling are in the first call, so a second call cut
+# short loses only the figures of the host path. A step whose input is missing (no venv, no
 # model: the machine went back between the calls) is recorded as not run, at once.
 # Done work is kept in the work folder: setup keeps the unpacked source and the venv made
 # from the same pack, build keeps its folder (CMake and ninja redo only what changed), and
@@ -82,8 +87,7 @@
 #   results.tar.gz  results/: summary.txt, machine.txt (each call's machine lines), and
 #                   <step>.txt for each step run (its output and table)
 # A call that runs setup starts results/ afresh; a later one adds its steps, so the second
-# command's OUT holds both commands' tables. Backend sampling (llama_set_sampler) is not in
-# this tree yet: `host` measures the host path only.
+# command's OUT holds both commands' tables.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -392,7 +396,7 @@ run_all() {
     [[ $mode == run ]] || tree=$work/tree
     # Budgets: `run` is sized for 16 cores and an H200; the dry run's CPU build on 2 cores
     # and its tiny model need other limits, the steps are the same.
-    local b_setup=30 b_build=300 b_model=100 b_checks=40 b_decode=60 b_host=30 b_backend=40
+    local b_setup=30 b_build=300 b_model=100 b_checks=60 b_decode=60 b_host=30 b_backend=60
     local b_cache=60
     # The tree walk's `end` story fills 3/4 of --n-ctx: 24,576 tokens on the GPU.
     local ns=1,8,32,64 prompts="512 4096" cpu=() walks=1500,end n_ctx=32768
@@ -481,7 +485,8 @@ run_all() {
             --no-sillytavern --decode real
     wants backend && ready backend model "$model" "$py" &&
         step backend "$b_backend" "$py" bench/bench_backend_sampling.py --model "$model" \
-            --ns 8,64 --tokens 32 --parts 1 --presets defaults,greedy,min-p --no-sillytavern
+            --ns 8,64 --tokens 32 --parts 1 \
+            --presets defaults,greedy --repeats 2 --no-sillytavern
     wants cache && ready cache model "$model" "$py" &&
         step cache "$b_cache" "$py" bench/bench_cache.py --model "$model" --parts swipes,walks \
             --walk-words "$walks" --n-ctx "$n_ctx" --new-tokens 32 --swipe-tokens 64

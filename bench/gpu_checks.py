@@ -11,7 +11,12 @@ what its text says is noise, so each check states a property any model must keep
 3. A grammar: n=4 under `root ::= "yes" | "no"`: every branch's text is one of the two.
 4. The prefix cache: a ~600-token story, then the story with more words: the second
    request reads most of its prompt from the cache.
-Backend sampling (llama_set_sampler) is not in this tree: reported, not checked.
+Checks 2-4 run on a server with `--backend-sampling off` and again on one with it `on`
+(llama.cpp's top-k chain on each sequence, inside `llama_decode`), and then:
+5. Backend sampling: with it on, rows were read as the device's candidates (the
+   `llama_srb_backend_sampling_rows` counter), at a few hundred bytes a branch-step instead
+   of a whole row; greedy text (n=4) is the same with it off and on: both read the argmax
+   of the same row, ties to the lower id.
 Prints one line per check and exits 1 if any fails.
 """
 
@@ -21,6 +26,7 @@ import argparse
 import sys
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +115,26 @@ def prefix_cache(http: httpx.Client, base: str, _tokens: int) -> str:
     return f"prompt {warm['prompt_tokens']} tokens, {cached} from the cache"
 
 
+def greedy_text(http: httpx.Client, base: str, tokens: int) -> list[str]:
+    body = {"prompt": STORY, "n": 4, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+    response = http.post(f"{base}/v1/completions", json=body)
+    assert response.status_code == 200, f"{response.status_code} {response.text}"
+    return [choice["text"] for choice in response.json()["choices"]]
+
+
+def device_rows(server: RunningServer) -> str:
+    """Rows were cut on the device, and the host read a few hundred bytes a token for them."""
+    samples = server.metrics()
+    rows = {
+        outcome: int(samples[f'llama_srb_backend_sampling_rows_total{{outcome="{outcome}"}}'])
+        for outcome in ("candidates", "undecided", "decoded_again")
+    }
+    read = samples["llama_srb_logits_bytes_read_total"]
+    drawn = samples["llama_srb_generated_tokens_total"]
+    assert rows["candidates"] > 0, f"no row was read as the device's candidates: {rows}"
+    return f"rows {rows}; {read / drawn:,.0f} bytes of logits read per token drawn"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="a GGUF file (bench/make_model.py)")
@@ -126,20 +152,36 @@ def main() -> None:
             print(f"FAIL  {name}: {exc}", flush=True)
 
     check("offload", lambda: offload(args.cpu))
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        run_server(Path(tmp), "--model", args.model, "--n-ctx", "8192") as server,
-        httpx.Client(timeout=TIMEOUT) as http,
-    ):
-        checks: dict[str, Callable[[httpx.Client, str, int], str]] = {
-            "sampling paths": sampling_paths,
-            "grammar": grammar,
-            "prefix cache": prefix_cache,
-        }
-        for name, fn in checks.items():
-            check(name, lambda fn=fn: fn(http, server.base_url, args.tokens))  # type: ignore[misc]
-        log_tail(server)
-    print("skip  backend sampling: not in this tree (llama_set_sampler is not used yet)")
+    checks: dict[str, Callable[[httpx.Client, str, int], str]] = {
+        "sampling paths": sampling_paths,
+        "grammar": grammar,
+        "prefix cache": prefix_cache,
+    }
+    greedy: dict[str, list[str]] = {}
+    for mode in ("off", "on"):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            run_server(
+                Path(tmp), "--model", args.model, "--n-ctx", "8192", "--backend-sampling", mode
+            ) as server,
+            httpx.Client(timeout=TIMEOUT) as http,
+        ):
+            for name, fn in checks.items():
+                check(
+                    f"{name}, backend sampling {mode}",
+                    partial(fn, http, server.base_url, args.tokens),
+                )
+            greedy[mode] = greedy_text(http, server.base_url, args.tokens)
+            if mode == "on":
+                check("backend sampling on: device rows", lambda: device_rows(server))
+            else:
+                log_tail(server)
+
+    def same_greedy() -> str:
+        assert greedy["on"] == greedy["off"], greedy
+        return f"n=4 x {args.tokens} tokens, the same text with it off and on"
+
+    check("backend sampling: greedy", same_greedy)
     sys.exit(1 if failed else 0)
 
 
