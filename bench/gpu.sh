@@ -247,6 +247,11 @@ setup() {  # the source unpacked, a venv with the wheels and llama-srb; what is 
         rm -rf "$work/venv"
         if [[ $mode == run ]]; then  # the machine's copy of the working tree: built in place
             python3 -m venv --system-site-packages "$work/venv" || return 1
+            # The image's python3 may be a venv itself, whose packages a venv made from it
+            # does not see: its site folders go after the new venv's own (a .pth line).
+            local site
+            site=$("$work/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+            python3 -c "import site; print('\n'.join(site.getsitepackages()))" >"$site/zz-image.pth"
         else
             # The image's packages (numpy, jinja2, httpx, pytest, ...): the stand-in's (pack
             # made it), after the venv's own in sys.path (a .pth line), never installed into it.
@@ -335,6 +340,10 @@ build() {  # llama.cpp from the pack: shared libraries and the two tools, one bu
         >"$site/llama_cpp_python-$LLAMA_CPP.dist-info/METADATA"
     echo "bench/gpu.sh" >"$site/llama_cpp_python-$LLAMA_CPP.dist-info/INSTALLER"
     : >"$site/llama_cpp_python-$LLAMA_CPP.dist-info/RECORD"
+    # llama.cpp's libraries load first in every process of the venv (a .pth line, after
+    # the image's folders: zz-image*.pth): llama_srb/__init__.py says why; the benches
+    # import numpy before llama_srb.
+    echo "import llama_cpp" >"$site/zzz-llama-cpp-first.pth"
     ls "$pkg/lib"
     "$work/venv/bin/python" -c "
 import llama_cpp

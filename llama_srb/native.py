@@ -505,6 +505,9 @@ class Context:
         code = C.llama_decode(self.ptr, batch.struct)
         if code != 0:
             raise DecodeError(code)
+        # On a GPU llama_decode returns once the work is queued: wait here, so that a
+        # decode's time is the device's and not the first read's after it.
+        C.llama_synchronize(self.ptr)
         self._n_outputs = batch.n_outputs
 
     def logits(self) -> npt.NDArray[np.float32]:
@@ -512,7 +515,7 @@ class Context:
         (`Batch.add` returns each one's row): a writable view of llama.cpp's buffer."""
         if not self._n_outputs:
             return np.empty((0, self.model.n_vocab), np.float32)
-        ptr = C.llama_get_logits(self.ptr)  # on a GPU, it waits for the decode to end
+        ptr = C.llama_get_logits(self.ptr)
         address = ctypes.cast(ptr, ctypes.c_void_p).value or 0
         return self._views.of(address, ctypes.c_float, self._n_outputs, self.model.n_vocab)
 

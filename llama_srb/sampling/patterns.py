@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import functools
 import re
+import subprocess
+import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import re2
-from re2 import _re2 as _binding
 
 from llama_srb.sampling.errors import ParamError
 
@@ -64,7 +63,6 @@ _CATEGORY = {
     C.CATEGORY_NOT_WORD: r"\W",
 }
 _ONE_CHAR = (C.LITERAL, C.NOT_LITERAL, C.ANY, C.IN)
-_UNANCHORED = _binding.RE2.Anchor.UNANCHORED
 
 
 class _Unsupported(Exception):
@@ -85,8 +83,41 @@ def _python_spelling(pattern: str) -> str:
     return "".join(out)
 
 
-def _options() -> re2.Options:
-    options = re2.Options()
+# What the server's process holds when a first pattern comes: llama.cpp's libraries, then
+# google-re2's binding.
+PROBE = "import llama_cpp, re2"
+
+
+@functools.cache
+def _binding_or_reason() -> Any:
+    """google-re2's binding, or why it is not loaded. It is imported at the first pattern,
+    and only once a child process has loaded it beside llama.cpp: on a CUDA build of
+    llama.cpp (CUDA 13, 2026-12-04) the two crashed one process, in either order, so a
+    server never asked for a pattern never loads it, and a pattern never crashes one."""
+    try:
+        child = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, timeout=120)
+        fails = child.returncode != 0
+    except subprocess.TimeoutExpired:
+        fails = True
+    if fails:
+        return (
+            "banned_regex is unavailable on this server: google-re2 does not load beside"
+            " this build of llama.cpp (a process holding both failed); use banned_strings"
+        )
+    from re2 import _re2
+
+    return _re2
+
+
+def _binding() -> Any:
+    binding = _binding_or_reason()
+    if isinstance(binding, str):
+        raise ValueError(binding)
+    return binding
+
+
+def _options() -> Any:
+    options = _binding().RE2.Options()
     options.log_errors = False
     options.max_mem = _MAX_MEM
     options.never_capture = True
@@ -229,7 +260,7 @@ def canonical(pattern: str) -> _Canonical:
 def _re2(pattern: str) -> Any:
     """RE2 itself (google-re2's binding, without its str wrapper: the text is UTF-8 bytes
     already, and the wrapper's per-call work was most of the cost of a search)."""
-    regexp = _binding.RE2(pattern.encode(), _options())
+    regexp = _binding().RE2(pattern.encode(), _options())
     if not regexp.ok():
         error = regexp.error()
         raise ValueError(error.decode() if isinstance(error, bytes) else str(error))
@@ -238,6 +269,10 @@ def _re2(pattern: str) -> Any:
 
 def check_patterns(name: str, patterns: Sequence[str], case_sensitive: bool) -> None:
     """Raise ParamError naming the first pattern the engine cannot take."""
+    try:
+        _binding()
+    except ValueError as exc:
+        raise ParamError(name, str(exc)) from None
     for i, pattern in enumerate(patterns):
         try:
             canonical(pattern)
@@ -273,10 +308,11 @@ class PatternSet:
     def __init__(self, match: Any, prefixes: Any) -> None:
         self._match = match
         self._prefixes = prefixes
+        self._unanchored = _binding().RE2.Anchor.UNANCHORED
 
     def _search(self, regexp: Any, text: bytes, start: int, end: int) -> int:
         """The start of the leftmost match in text[start:end], or -1."""
-        return int(regexp.Match(_UNANCHORED, text, start, end)[0][0])
+        return int(regexp.Match(self._unanchored, text, start, end)[0][0])
 
     def certain(self, text: bytes, start: int) -> int | None:
         """The earliest match beginning at or after `start` that no text to come can

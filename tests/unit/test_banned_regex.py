@@ -10,6 +10,7 @@ import pytest
 import re2
 
 from llama_srb.engine.request import Branch, FinishReason, Request
+from llama_srb.sampling import patterns as patterns_module
 from llama_srb.sampling.banned import Bans, PhraseGuard
 from llama_srb.sampling.params import ParamError, SamplingParams
 from llama_srb.sampling.patterns import (
@@ -183,6 +184,26 @@ def test_a_pattern_the_engine_cannot_take_is_named(patterns: tuple[str, ...], sa
         SamplingParams(banned_regex=patterns)
     assert info.value.param == "banned_regex"
     assert says in str(info.value)
+
+
+def test_where_re2_cannot_load_beside_llama_cpp_a_pattern_is_refused_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server loads google-re2 only once a child process held it beside llama.cpp (on
+    a CUDA build the two crashed one process); where that child dies, as here, a request
+    with a pattern gets a 400 that says what to use instead, and nothing is loaded."""
+    monkeypatch.setattr(patterns_module, "PROBE", "import os; os.abort()")
+    patterns_module._binding_or_reason.cache_clear()
+    try:
+        with pytest.raises(ParamError) as info:
+            SamplingParams(banned_regex=(r"\bshe smiled",))
+        assert info.value.param == "banned_regex"
+        assert "unavailable" in str(info.value) and "banned_strings" in str(info.value)
+        assert SamplingParams(banned_strings=("she smiled",)).banned_strings  # still served
+    finally:
+        monkeypatch.undo()
+        patterns_module._binding_or_reason.cache_clear()
+    assert SamplingParams(banned_regex=(r"\bshe smiled",)).banned_regex  # the probe passes
 
 
 def test_catastrophic_patterns_cost_linear_time() -> None:
