@@ -438,12 +438,16 @@ class KvBudget:
 
     def _take_id(self, chained: bool) -> int:
         """A free sequence id, one that carries the device's cut (or not) if any is free."""
+        found = self._pop_free(chained) if self.chained else None
+        return self._free_ids.pop() if found is None else found
+
+    def _pop_free(self, chained: bool) -> int | None:
+        """A free id that carries the device's cut (or one that does not), or None."""
         ids = self._free_ids
-        if self.chained:
-            for at in range(len(ids) - 1, -1, -1):
-                if (ids[at] < self.chained) == chained:
-                    return ids.pop(at)
-        return ids.pop()
+        for at in range(len(ids) - 1, -1, -1):
+            if (ids[at] < self.chained) == chained:
+                return ids.pop(at)
+        return None
 
     def release_sequence(
         self, request: Request, seq_id: int, path: list[int] | None, keep: bool = True
@@ -523,6 +527,12 @@ class KvBudget:
                 ops.append(KvOp.remove(seq_id))
                 self._free_ids.append(seq_id)
                 continue
+            if seq_id < self.chained and (unchained := self._pop_free(False)) is not None:
+                # The ids that carry the device's cut are for live branches: a path parked on
+                # one would leave a later request of --max-n branches some without it.
+                ops += [KvOp(seq_id, unchained), KvOp.remove(seq_id)]
+                self._free_ids.append(seq_id)
+                seq_id = unchained
             park_ops, freed = self.cache.park(seq_id, path, reservation.floor, request.prompt_len)
             ops += park_ops
             self._free_ids.extend(freed)

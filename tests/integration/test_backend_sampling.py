@@ -254,22 +254,36 @@ def test_the_engine_with_it_on_draws_what_it_draws_with_it_off(
 
 
 def test_a_server_with_it_on_serves_both_paths(tmp_path: Path, bundled_model: str) -> None:
+    """With --max-n 4, 4 ids carry the cut. The first request's branches are parked in
+    the prefix cache when it ends; the same request again still gets all 4 (the parked
+    paths moved off them) and reads a few hundred bytes a token, not whole rows."""
     args = ("--model", bundled_model, "--n-ctx", "2048", "--backend-sampling", "on")
+    body = {"prompt": STORY, "n": 4, "max_tokens": 8, "seed": 3, "ignore_eos": True}
     with (
-        run_server(tmp_path, *args) as server,
+        run_server(tmp_path, *args, "--max-n", "4") as server,
         httpx.Client(base_url=server.base_url, timeout=120) as client,
     ):
-        device = client.post(
-            "/v1/completions",
-            json={"prompt": STORY, "n": 4, "max_tokens": 8, "seed": 3, "ignore_eos": True},
-        )
+        device = client.post("/v1/completions", json=body)
         host = client.post(
             "/v1/completions",
             json={"prompt": STORY, "n": 2, "max_tokens": 8, "top_k": 0, "top_p": 0.9},
         )
+        before = server.metrics()
+        again = client.post("/v1/completions", json={**body, "seed": 4})
+        after = server.metrics()
         metrics = client.get("/metrics").text
     assert device.status_code == 200 and host.status_code == 200, device.text + host.text
     assert len(device.json()["choices"]) == 4 and len(host.json()["choices"]) == 2
+    assert again.status_code == 200, again.text
+
+    def grew(name: str) -> float:
+        return after[name] - before[name]
+
+    read, drawn = (
+        grew("llama_srb_logits_bytes_read_total"),
+        grew("llama_srb_generated_tokens_total"),
+    )
+    assert drawn == 4 * 8 and read / drawn < 4096, (read, drawn)  # a row is 196 KB or 1 MB
     rows = [
         line
         for line in metrics.splitlines()

@@ -220,6 +220,28 @@ def test_a_request_s_ids_carry_the_cut_when_it_serves_it() -> None:
     run(engine)
 
 
+def test_parked_paths_leave_the_ids_that_carry_the_cut_to_the_next_request() -> None:
+    """A request's ended branches are parked on ids without the cut (their cells copied
+    over), so the next request of as many branches as ids carry it gets them all: none of
+    its calls copies whole rows, and it still reads its prompt from the parked paths."""
+    host, _ = make_engine(max_live=8, cache_paths=8)
+    device, ctx = make_engine(max_live=8, cache_paths=8, device_top_k=K, chained=5)
+    first = [("a", PROMPT, 4, {"max_tokens": 5})]
+    assert outputs_of(device, first) == outputs_of(host, first)
+    budget = device.scheduler.budget
+    assert all(path.seq_id >= 5 for path in budget.cache.paths)
+    copied = ctx.whole_decodes
+    again = make_request("b", [*PROMPT, 3, 8], 5, max_tokens=5)
+    ctx.seqs_decoded.clear()
+    device.add(again)
+    got = run(device)
+    assert ctx.seqs_decoded == {0, 1, 2, 3, 4}  # the ids that carry the cut, and only they
+    assert ctx.whole_decodes == copied
+    assert device.stats.prompt_tokens_cached >= len(PROMPT) - 1
+    host.add(make_request("b", [*PROMPT, 3, 8], 5, max_tokens=5))
+    assert got.tokens("b") == run(host).tokens("b")
+
+
 def test_a_pick_the_candidates_cannot_prove_reads_the_row_decoded_again() -> None:
     """End-of-generation leads after two tokens but is masked (min_tokens): with K = 2,
     the one candidate left is the K-th itself, which a token off the list could tie."""
