@@ -31,6 +31,12 @@ run inside `llama_decode`'s graph) costs and saves on this machine, real decodes
    first step (llama.cpp's setup for a new batch shape) is not counted in either.
 3. The cost of attaching: the first decode after `llama_set_sampler` on every sequence
    re-reserves llama.cpp's scheduler.
+4. **From outside, as issue 39 checks it** (`--parts 4`): a server (its defaults, a CPU or
+   GPU build as installed) with `--backend-sampling off`, then one with it `on`; on each,
+   one `/completion` request of n x `--tokens` per preset and n, in turn, `ignore_eos`,
+   seed 1: host ms per branch-step (the client's wall less `llama_decode`'s time from
+   `/metrics`, over the tokens drawn), the wall, and the distinct choices; then greedy
+   n=4 x `--tokens` on both, whose text must be the same.
 """
 
 from __future__ import annotations
@@ -38,11 +44,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import llama_cpp as C
 import numpy as np
 
@@ -62,6 +70,7 @@ from llama_srb.native import Batch, Context, ContextOptions, Model
 from llama_srb.sampling.branch import BranchSampler, build_samplers
 from llama_srb.sampling.cut import Row
 from llama_srb.sampling.device_row import DeviceRow, Undecided, sort_candidates
+from tests.support.server import RunningServer, run_server
 
 N_CTX = 8192
 PROMPT_TOKENS = 32
@@ -240,7 +249,7 @@ def main() -> None:
     parser.add_argument(
         "--presets", default="defaults,greedy,st-default,st-universal-light,st-neutral"
     )
-    parser.add_argument("--parts", default="1,2,3", help="which of the three tables")
+    parser.add_argument("--parts", default="1,2,3", help="which tables (1,2,3,4)")
     parser.add_argument(
         "--repeats", type=int, default=1, help="engine runs of each, off and on alternated"
     )
@@ -248,15 +257,16 @@ def main() -> None:
     parser.add_argument("--no-sillytavern", action="store_true", help="skip its presets")
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
+    presets = all_presets(with_sillytavern=not args.no_sillytavern)
+    names = args.presets.split(",")
+    print(f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos, real decodes")
+    parts = args.parts.split(",")
+    if "4" in parts:  # first: the servers load the model themselves
+        server_table(args.model, presets, names, ns, args.tokens)
     settings = Settings(model=args.model)
     model = Model(settings.resolved_model_path(), model_options(settings))
     quiet = C.llama_log_callback(lambda *_: None)  # kept: llama.cpp calls it from C
     C.llama_log_set(quiet, ctypes.c_void_p())
-    presets = all_presets(with_sillytavern=not args.no_sillytavern)
-    names = args.presets.split(",")
-    print(f"\n{args.model}: {args.tokens} tokens per branch, ignore_eos, real decodes")
-
-    parts = args.parts.split(",")
     if "1" in parts:
         engine_table(model, presets, names, ns, args.tokens, args.repeats)
     if "2" in parts:
@@ -271,6 +281,61 @@ def main() -> None:
         + ("" if args.model == DEFAULT else f" --model {args.model}")
     )
     model.close()
+
+
+@dataclass
+class Served:
+    host_ms: float  # per branch-step
+    wall: float  # seconds
+    distinct: int  # choices
+    texts: list[str]
+
+
+def served(server: RunningServer, http: httpx.Client, body: dict[str, Any]) -> Served:
+    """One /completion request; host time is its wall less llama_decode's (/metrics)."""
+    decode, drawn = "llama_srb_decode_step_seconds_sum", "llama_srb_generated_tokens_total"
+    before = server.metrics()
+    started = time.perf_counter()
+    response = http.post(f"{server.base_url}/completion", json=body)
+    wall = time.perf_counter() - started
+    response.raise_for_status()
+    after = server.metrics()
+    texts = [result["content"] for result in response.json()]
+    outside = wall - (after[decode] - before[decode])
+    return Served(outside / (after[drawn] - before[drawn]) * 1e3, wall, len(set(texts)), texts)
+
+
+def server_table(
+    model: str, presets: dict[str, Any], names: list[str], ns: list[int], tokens: int
+) -> None:
+    print("\n4. From outside: a server with --backend-sampling off, then one with it on\n")
+    runs: dict[str, list[Served]] = {}
+    for mode in ("off", "on"):
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            run_server(Path(tmp), "--model", model, "--backend-sampling", mode) as server,
+            httpx.Client(timeout=httpx.Timeout(3600.0)) as http,
+        ):
+            bodies = [
+                {**presets[name], "prompt": STORY, "n": n, "n_predict": tokens, "seed": 1}
+                for name in names
+                for n in ns
+            ]
+            greedy = {"prompt": STORY, "n": 4, "n_predict": tokens, "temperature": 0}
+            runs[mode] = [served(server, http, {**b, "ignore_eos": True}) for b in bodies]
+            runs[mode].append(served(server, http, greedy))
+    print("| preset | n | host ms / branch-step | wall s | wall on / off | distinct choices |")
+    print("|---|---:|---:|---:|---:|---:|")
+    cases = [(name, n) for name in names for n in ns]
+    for (name, n), off, on in zip(cases, runs["off"], runs["on"], strict=False):
+        print(
+            f"| {name} | {n} | {off.host_ms:.3f} / {on.host_ms:.3f} |"
+            f" {off.wall:.2f} / {on.wall:.2f} | {on.wall / off.wall:.2f} |"
+            f" {off.distinct} / {on.distinct} |",
+            flush=True,
+        )
+    same = runs["off"][-1].texts == runs["on"][-1].texts
+    print(f"\ngreedy, n=4 x {tokens}: {'the same text' if same else 'DIFFERENT text'} off and on")
 
 
 def engine_table(

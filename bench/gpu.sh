@@ -54,10 +54,11 @@
 #                       with --backend-sampling off and on; greedy the same with both
 #                       (bench/gpu_checks.py)
 #        backend    60  --backend-sampling off against on, n=8 and 64, the defaults and
-#                       greedy, each the median of 2 (bench/bench_backend_sampling.py
-#                       --parts 1). Not a min-p first, nor SillyTavern's presets: on random
-#                       weights' flat rows a min-p keeps thousands of tokens, and the host
-#                       path's sort of them (ms a branch-step) would be all the table showed.
+#                       greedy: the engine, each the median of 2, and from outside, two
+#                       servers (bench/bench_backend_sampling.py --parts 1,4). Not a
+#                       min-p first, nor SillyTavern's presets: on random weights' flat
+#                       rows a min-p keeps thousands of tokens, and the host path's sort
+#                       of them (ms a branch-step) would be all the table showed.
 #                  550
 #   2. bench/gpu.sh run "$OUT" --pack build/gpu-pack --steps decode,host_free,host_real,cache
 #      (timeout_s 300; `decode` is decode_512,decode_4096):
@@ -494,7 +495,7 @@ run_all() {
             --no-sillytavern --decode real
     wants backend && ready backend model "$model" "$py" &&
         step backend "$b_backend" "$py" bench/bench_backend_sampling.py --model "$model" \
-            --ns 8,64 --tokens 32 --parts 1 \
+            --ns 8,64 --tokens 32 --parts 1,4 \
             --presets defaults,greedy --repeats 2 --no-sillytavern
     wants cache && ready cache model "$model" "$py" &&
         step cache "$b_cache" "$py" bench/bench_cache.py --model "$model" --parts swipes,walks \

@@ -23,6 +23,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from llama_srb.sampling.errors import ParamError
@@ -89,11 +90,12 @@ PROBE = "import llama_cpp, re2"
 
 
 @functools.cache
-def _binding_or_reason() -> Any:
+def _binding_or_reason() -> ModuleType | str:
     """google-re2's binding, or why it is not loaded. It is imported at the first pattern,
     and only once a child process has loaded it beside llama.cpp: on a CUDA build of
-    llama.cpp (CUDA 13, 2026-12-04) the two crashed one process, in either order, so a
-    server never asked for a pattern never loads it, and a pattern never crashes one."""
+    llama.cpp (CUDA 13, 2026-12-04) the two crashed one process, in either order. So a
+    server never asked for a pattern never loads it, and where the child fails, patterns
+    get a 400 instead of crashing the server."""
     try:
         child = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, timeout=120)
         fails = child.returncode != 0
@@ -109,7 +111,7 @@ def _binding_or_reason() -> Any:
     return _re2
 
 
-def _binding() -> Any:
+def _binding() -> Any:  # the binding is untyped
     binding = _binding_or_reason()
     if isinstance(binding, str):
         raise ValueError(binding)

@@ -14,6 +14,7 @@ from tests.integration.ui_helpers import (
     PROMPT,
     card_text,
     cards,
+    corners,
     expect,
     expect_current,
     exported_tree,
@@ -159,9 +160,9 @@ def test_desktop_cards_rows_place_and_stats(open_ui: Any, server: RunningServer)
     start_story(page, n=4, max_tokens=3, seed=4)
 
     # Four cards at 1280 px: two rows of two, not three and one.
-    xs = sorted({round(cards(page).nth(i).bounding_box()["x"]) for i in range(4)})
-    ys = sorted({round(cards(page).nth(i).bounding_box()["y"]) for i in range(4)})
-    assert len(xs) == 2 and len(ys) == 2, (xs, ys)
+    places = corners(cards(page))
+    xs, ys = sorted({x for x, _ in places}), sorted({y for _, y in places})
+    assert len(places) == 4 and len(xs) == 2 and len(ys) == 2, places
 
     # "Use this" keeps the story and the top bar where they were.
     first_stats = page.get_by_test_id("stats-ttft").inner_text()

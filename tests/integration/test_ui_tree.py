@@ -13,6 +13,7 @@ from tests.integration.bundled import GEMMA
 from tests.integration.ui_helpers import (
     PROMPT,
     chain_tree,
+    corners,
     current_id,
     expect,
     expect_current,
@@ -113,7 +114,7 @@ def test_read_side_by_side_bookmark_prune_delete_and_walk_with_keys(
     # The branches taken from the node, side by side and in full; its settings are shown.
     branches = page.get_by_test_id("branch")
     expect(branches).to_have_count(3)
-    tops = {round(branches.nth(i).bounding_box()["y"]) for i in range(3)}
+    tops = {y for _, y in corners(branches)}
     assert len(tops) == 1, tops
     long_text = tree["nodes"][2]["text"][len(PROMPT) :]
     expect(branches.nth(1).get_by_test_id("branch-text")).to_have_text(long_text)

@@ -139,6 +139,13 @@ def cards(page: Any) -> Any:
     return page.get_by_test_id("continuation")
 
 
+def corners(locator: Any) -> list[tuple[int, int]]:
+    """Each element's top-left corner (x, y), all read in one frame: reads in turn can
+    straddle a shift of the page above them (a status line appearing)."""
+    js = "els => els.map(e => e.getBoundingClientRect()).map(r => [r.x, r.y].map(Math.round))"
+    return [(x, y) for x, y in locator.evaluate_all(js)]
+
+
 def card_text(page: Any, i: int) -> Any:
     return cards(page).nth(i).get_by_test_id("continuation-text")
 

@@ -5,6 +5,7 @@ shutdown's state (draining, the engine's death) is the runtime's, which the serv
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
@@ -166,3 +167,38 @@ def face(runtime: Runtime) -> Served:
         watchdog=Watchdog(StepWatch(), 0),
         close=lambda: runtime.stop(10),
     )
+
+
+class SlowWarmUp(FakeEngine):
+    """Its first decode ends only when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.warm = False
+
+    def warm_up(self) -> None:
+        self.release.wait(10)
+        self.warm = True
+
+
+def test_start_returns_once_the_first_decode_is_done() -> None:
+    """The loader marks the model loaded (and /health ok) when `start` returns: a request
+    sent then must not wait for the warm-up decode (~0.5 s on this CPU)."""
+    engine = SlowWarmUp()
+    threading.Timer(0.2, engine.release.set).start()
+    runtime = Runtime(engine)  # type: ignore[arg-type]
+    runtime.start()
+    assert engine.warm
+    runtime.stop()
+
+
+class DiesWarmingUp(FakeEngine):
+    def warm_up(self) -> None:
+        raise Fatal("no device")
+
+
+def test_start_returns_when_the_warm_up_kills_the_engine_thread() -> None:
+    runtime = Runtime(DiesWarmingUp())  # type: ignore[arg-type]
+    runtime.start()
+    assert runtime.died is not None and "no device" in runtime.died
