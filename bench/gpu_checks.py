@@ -14,9 +14,10 @@ what its text says is noise, so each check states a property any model must keep
 Checks 2-4 run on a server with `--backend-sampling off` and again on one with it `on`
 (llama.cpp's top-k chain on each sequence, inside `llama_decode`), and then:
 5. Backend sampling: with it on, rows were read as the device's candidates (the
-   `llama_srb_backend_sampling_rows` counter), at a few hundred bytes a branch-step instead
-   of a whole row; greedy text (n=4) is the same with it off and on: both read the argmax
-   of the same row, ties to the lower id.
+   `llama_srb_backend_sampling_rows` counter; the bytes of logits read per token are
+   reported: the sampler settings of check 2 mostly take the host path); greedy text (n=4)
+   is the same with it off and on: both read the argmax of the same row, ties to the
+   lower id.
 Prints one line per check and exits 1 if any fails.
 """
 
@@ -123,7 +124,7 @@ def greedy_text(http: httpx.Client, base: str, tokens: int) -> list[str]:
 
 
 def device_rows(server: RunningServer) -> str:
-    """Rows were cut on the device, and the host read a few hundred bytes a token for them."""
+    """Rows were cut on the device; what the host read, per token, over every request."""
     samples = server.metrics()
     rows = {
         outcome: int(samples[f'llama_srb_backend_sampling_rows_total{{outcome="{outcome}"}}'])
