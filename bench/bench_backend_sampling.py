@@ -57,6 +57,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_host import STORY, request_params
+from bench.llama_tools import EngineClock
 from bench.presets import all_presets
 from llama_srb.bundled_model import DEFAULT
 from llama_srb.config import Settings
@@ -293,16 +294,15 @@ class Served:
 
 def served(server: RunningServer, http: httpx.Client, body: dict[str, Any]) -> Served:
     """One /completion request; host time is its wall less llama_decode's (/metrics)."""
-    decode, drawn = "llama_srb_decode_step_seconds_sum", "llama_srb_generated_tokens_total"
-    before = server.metrics()
+    before = EngineClock.read(server)
     started = time.perf_counter()
     response = http.post(f"{server.base_url}/completion", json=body)
     wall = time.perf_counter() - started
     response.raise_for_status()
-    after = server.metrics()
+    clock = EngineClock.read(server) - before
     texts = [result["content"] for result in response.json()]
-    outside = wall - (after[decode] - before[decode])
-    return Served(outside / (after[drawn] - before[drawn]) * 1e3, wall, len(set(texts)), texts)
+    host_ms = (wall - clock.decode_seconds) / clock.drawn * 1e3
+    return Served(host_ms, wall, len(set(texts)), texts)
 
 
 def server_table(

@@ -95,6 +95,7 @@ class EngineClock:
     steps: float
     decode_seconds: float
     host_seconds: float  # llama_srb_host_step_seconds: per step, the time outside llama_decode
+    drawn: float  # tokens sampled
 
     @classmethod
     def read(cls, server: RunningServer) -> EngineClock:
@@ -103,6 +104,7 @@ class EngineClock:
             metrics["llama_srb_decode_steps_total"],
             metrics["llama_srb_decode_seconds_total"],
             metrics.get("llama_srb_host_step_seconds_sum", float("nan")),  # not before 24
+            metrics.get("llama_srb_generated_tokens_total", float("nan")),
         )
 
     def __sub__(self, earlier: EngineClock) -> EngineClock:
@@ -110,4 +112,5 @@ class EngineClock:
             self.steps - earlier.steps,
             self.decode_seconds - earlier.decode_seconds,
             self.host_seconds - earlier.host_seconds,
+            self.drawn - earlier.drawn,
         )
