@@ -158,44 +158,86 @@ class PrefixCache:
         path.last_used = next(self._clock)
 
     def park(
-        self, seq_id: int, tokens: Sequence[int], floor: int = 0, prompt_len: int = 0
+        self,
+        seq_id: int,
+        tokens: Sequence[int],
+        floor: int = 0,
+        prompt_len: int = 0,
+        cells_on: int | None = None,
     ) -> tuple[list[KvOp], list[int]]:
         """Keep a finished sequence's cells as a cached path (its id now belongs to the
-        cache; `floor`, `prompt_len`: see CachedPath). Returns the ops that re-point its
-        shared prefix at existing cells, and the ids of paths it made redundant or that
-        had to make way (their cells are removed by the ops)."""
+        cache; `floor`, `prompt_len`: see CachedPath). `cells_on`: the sequence that holds
+        them now, when not `seq_id` (then empty): they move to `seq_id`, all but the prefix
+        the re-pointing below gives it, and `cells_on` is emptied. Returns the ops that
+        re-point its shared prefix at existing cells, and the ids of paths it made redundant
+        or that had to make way (their cells are removed by the ops); `seq_id` among them
+        when the path is not kept."""
+        on = seq_id if cells_on is None else cells_on
         array = as_tokens(tokens)
-        shared = {p.seq_id: common_prefix(array, p.tokens) for p in self.paths}
+        shared = self._common_prefixes(array)
         # Its prefix may share the cells of a path it extends past that one's floor only.
-        sources = [p for p in self.paths if shared[p.seq_id] >= p.floor]
+        sources: list[CachedPath] = []
+        below_floor: list[CachedPath] = []
+        for p in self.paths:
+            (sources if shared[p.seq_id] >= p.floor else below_floor).append(p)
         best = max(sources, key=lambda p: shared[p.seq_id], default=None)
         best_len = shared[best.seq_id] if best is not None else 0
         if best is not None and best_len == len(array):
             self.touch(best)  # nothing new: keep the old path
-            return [KvOp.remove(seq_id)], [seq_id]
+            return [KvOp.remove(on)], [seq_id]
         # Paths whose common prefix with it could not share cells (a floor between them)
-        # break the count of cells; one side makes way.
-        apart = [p for p in self.paths if shared[p.seq_id] > self._via(best, best_len, p)]
+        # break the count of cells; one side makes way. (A source never does: it shares
+        # with the best at least what it shares with the new path.)
+        apart = [p for p in below_floor if shared[p.seq_id] > self._via(best, best_len, p)]
         # It could never stay (do not evict others for it), or those stay: it goes down.
         if len(array) > self.max_idle_cells or any(p.pins for p in apart):
-            path = CachedPath(seq_id, array, 0, floor=floor, prompt_len=prompt_len, shared=shared)
-            return [*self._saved(path), KvOp.remove(seq_id)], [seq_id]
+            path = CachedPath(on, array, 0, floor=floor, prompt_len=prompt_len, shared=shared)
+            return [*self._saved(path), KvOp.remove(on)], [seq_id]
         ops: list[KvOp] = []
         for path in apart:
             ops += self._evict(path)
             del shared[path.seq_id]
-        if best is not None and best_len > 0:
+        repointed = best is not None and best_len > 0
+        if on != seq_id:
+            ops.append(KvOp(on, seq_id, best_len if repointed else 0))
+        if best is not None and repointed:
             # Same tokens, maybe different cells (computed separately): share the best's.
-            ops += [KvOp.remove(seq_id, 0, best_len), KvOp(best.seq_id, seq_id, 0, best_len)]
+            if on == seq_id:
+                ops.append(KvOp.remove(seq_id, 0, best_len))
+            ops.append(KvOp(best.seq_id, seq_id, 0, best_len))
             if best_len >= floor:  # its restored cells are replaced by the best's
                 floor = best.floor
-        covered = [p for p in self.paths if not p.pins and shared[p.seq_id] == len(p)]
+        if on != seq_id:
+            ops.append(KvOp.remove(on))
+        covered = [p for p in self.paths if not p.pins and shared[p.seq_id] == len(p.tokens)]
         for path in covered:  # a prefix of the new path: fully covered by it
             ops.append(KvOp.remove(path.seq_id))
             self._remove(path)
             del shared[path.seq_id]
         self._add(CachedPath(seq_id, array, next(self._clock), 0, floor, prompt_len, shared))
         return ops, [p.seq_id for p in apart + covered]
+
+    def _common_prefixes(self, array: Tokens) -> dict[int, int]:
+        """The common prefix of `array` with every cached path, by branch id. Compared with
+        the newest path, then only where that leaves it open: a path that shares s tokens
+        with the newest, which shares n with `array`, shares min(s, n) with it unless s == n
+        (a branch parked beside its siblings: all share the prompt, and most part at the
+        next token)."""
+        if not self.paths:
+            return {}
+        newest = self.paths[-1]
+        n = common_prefix(array, newest.tokens)
+        shared = {newest.seq_id: n}
+        after = int(array[n]) if n < len(array) else None  # its token after those n
+        for path in self.paths[:-1]:
+            s = newest.shared[path.seq_id]
+            if s != n:
+                shared[path.seq_id] = min(s, n)
+            elif after is not None and n < len(path.tokens) and after != path.tokens[n]:
+                shared[path.seq_id] = n
+            else:
+                shared[path.seq_id] = n + common_prefix(array[n:], path.tokens[n:])
+        return shared
 
     @staticmethod
     def _via(best: CachedPath | None, best_len: int, path: CachedPath) -> int:
@@ -527,13 +569,15 @@ class KvBudget:
                 ops.append(KvOp.remove(seq_id))
                 self._free_ids.append(seq_id)
                 continue
+            cells_on = None
             if seq_id < self.chained and (unchained := self._pop_free(False)) is not None:
                 # The ids that carry the device's cut are for live branches: a path parked on
                 # one would leave a later request of --max-n branches some without it.
-                ops += [KvOp(seq_id, unchained), KvOp.remove(seq_id)]
                 self._free_ids.append(seq_id)
-                seq_id = unchained
-            park_ops, freed = self.cache.park(seq_id, path, reservation.floor, request.prompt_len)
+                seq_id, cells_on = unchained, seq_id
+            park_ops, freed = self.cache.park(
+                seq_id, path, reservation.floor, request.prompt_len, cells_on
+            )
             ops += park_ops
             self._free_ids.extend(freed)
         return ops

@@ -55,7 +55,7 @@ class DeviceRow:
     at once). `eog`: whether an end-of-generation token may be among them (False: a
     mask of them changes nothing here, and is not applied)."""
 
-    __slots__ = ("_saved", "eog", "floor", "ids", "values")
+    __slots__ = ("_last_patch", "_saved", "eog", "floor", "ids", "values")
 
     def __init__(
         self,
@@ -72,6 +72,8 @@ class DeviceRow:
         self.floor = -np.inf if complete or not len(values) else float(values[-1])
         self.eog = eog
         self._saved: tuple[Ids, Vector] | None = None
+        # the last patch that moved a candidate: its arguments, then the row it made
+        self._last_patch: tuple[Ids, Vector, Ids, Vector] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -96,12 +98,19 @@ class DeviceRow:
         hits = self.ids[:, None] == ids
         if not hits.any():  # the common case: none of them is among the candidates
             return
+        last = self._last_patch
+        if last is not None and last[0] is ids and last[1] is values:
+            # the same mask again: a prompt's last row serves all its branches their first
+            # tokens, each masking end of generation with the same arrays
+            self.ids, self.values = last[2], last[3]
+            return
         at = np.flatnonzero(hits.any(axis=1))
         sorter = np.argsort(ids)
         new = self.values.copy()
         new[at] = values[sorter[np.searchsorted(ids, self.ids[at], sorter=sorter)]]
         order = np.lexsort((self.ids, -new))
         self.ids, self.values = self.ids[order], new[order]
+        self._last_patch = (ids, values, self.ids, self.values)
 
     def restore(self) -> None:
         if self._saved is not None:

@@ -109,6 +109,32 @@ def test_a_device_row_without_masks_or_ties_decides_every_cut_below_k() -> None:
     assert DeviceRow(*top(logits, 64), complete=True).top_k(64).ids[-1] == np.argmin(logits)
 
 
+def test_a_row_patched_again_with_the_same_mask_reads_as_patched_once() -> None:
+    """A prompt's last row serves every branch its first token, each masking end of
+    generation with the same arrays: the second patch reuses the first's row, and a
+    patch with other ids is made afresh."""
+    logits = np.round(np.random.default_rng(3).normal(0, 2, 256), 1).astype(np.float32)
+    row = DeviceRow(*top(logits, 16))
+    ids = np.sort(row.ids[:2])
+    other = np.sort(row.ids[2:4])
+    minus = np.full(2, -np.inf, np.float32)
+    seen = []
+    for mask in (ids, ids, other, ids):
+        row.patch(mask, minus)
+        seen.append((row.ids.tolist(), row.values.tolist()))
+        fresh = DeviceRow(*top(logits, 16))
+        fresh.patch(mask.copy(), minus.copy())
+        assert seen[-1] == (fresh.ids.tolist(), fresh.values.tolist())
+        row.restore()
+    row.patch(ids, minus)
+    patched = row.ids
+    row.restore()
+    row.patch(ids, minus)
+    assert row.ids is patched  # the last patch's row, not a new one
+    row.restore()
+    assert set(row.ids[:4].tolist()) == set(ids.tolist() + other.tolist())  # restored
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_a_call_s_candidates_are_sorted_as_the_host_path_reads_a_cut(seed: int) -> None:
     """Most likely first, lower ids first among equals, -0.0 equal to 0.0, -inf last;

@@ -102,6 +102,43 @@ def test_parking_shares_cells_with_the_best_match_and_drops_covered_paths() -> N
     assert ops == [KvOp.remove(9)] and freed == [9]
 
 
+def test_every_pair_of_paths_knows_its_common_prefix_exactly() -> None:
+    """Parking compares a path with the newest one, then only where that leaves the
+    answer open: siblings (a shared prompt, parted at the next token or later), strangers
+    and prefixes of each other all get the prefix a full comparison gives."""
+    rng = random.Random(2)
+    for trial in range(20):
+        cache = PrefixCache(max_idle_cells=10_000)
+        prompt = [rng.randrange(3) for _ in range(rng.randrange(0, 6))]
+        for seq_id in range(12):
+            head = prompt if rng.random() < 0.7 else []
+            tail = [rng.randrange(2) for _ in range(rng.randrange(0, 5))]
+            if head + tail:
+                cache.park(seq_id, head + tail)
+            for a in cache.paths:
+                for b in cache.paths:
+                    if a is not b:
+                        assert a.shared[b.seq_id] == common_prefix(a.tokens, b.tokens), trial
+
+
+def test_a_path_whose_cells_another_sequence_holds_moves_what_it_does_not_share() -> None:
+    """Backend sampling parks a branch's cells on an id without the device's cut: they
+    are copied over but for the prefix the best match gives, then removed where they were."""
+    cache = PrefixCache(max_idle_cells=1000)
+    cache.park(7, [1, 2, 3])
+    ops, freed = cache.park(8, [1, 2, 3, 4, 5], cells_on=2)
+    assert ops == [KvOp(2, 8, 3), KvOp(7, 8, 0, 3), KvOp.remove(2), KvOp.remove(7)]
+    assert freed == [7]
+    ops, freed = cache.park(9, [4, 4], cells_on=1)  # it shares nothing: all of it moves
+    assert ops == [KvOp(1, 9), KvOp.remove(1)] and freed == []
+    ops, freed = cache.park(10, [1, 2], cells_on=3)  # covered already: nothing moves
+    assert ops == [KvOp.remove(3)] and freed == [10]
+    saved = PrefixCache(max_idle_cells=3, save_evicted=True)
+    ops, freed = saved.park(11, [5, 6, 7, 8], cells_on=4)  # too long to stay: saved from 4
+    assert [(type(op).__name__, op.dst) for op in ops] == [("KvSave", 4), ("KvOp", 4)]
+    assert ops[1].is_remove and freed == [11] and not saved.paths
+
+
 def test_a_request_forks_from_the_cache_and_pins_its_source() -> None:
     budget = KvBudget(max_live=4, n_cells=500, cache_paths=4, cache_cells=500)
     story = [BOS, *text(40)]
