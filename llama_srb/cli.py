@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import gc
 import logging
 import sys
 import types
@@ -141,6 +142,9 @@ def serve_forever(settings: Settings, log_level: str) -> None:
         proxy_headers=bool(trusted),  # uvicorn would trust loopback's X-Forwarded-For
         forwarded_allow_ips=trusted,
     )
+    # What start-up made (modules, the app and its schemas) lives as long as the server: a
+    # full collection of the cyclic GC walked it all, 20-57 ms inside a request's step.
+    gc.freeze()
     serve(config, state)  # graceful on SIGTERM: see api/shutdown.py
 
 
