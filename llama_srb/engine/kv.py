@@ -197,17 +197,17 @@ class PrefixCache:
         for path in apart:
             ops += self._evict(path)
             del shared[path.seq_id]
-        repointed = best is not None and best_len > 0
-        if on != seq_id:
-            ops.append(KvOp(on, seq_id, best_len if repointed else 0))
-        if best is not None and repointed:
+        moved = on != seq_id
+        if moved:  # its cells go over, but for the prefix the best's give it below
+            ops.append(KvOp(on, seq_id, best_len))
+        if best is not None and best_len > 0:
             # Same tokens, maybe different cells (computed separately): share the best's.
-            if on == seq_id:
+            if not moved:
                 ops.append(KvOp.remove(seq_id, 0, best_len))
             ops.append(KvOp(best.seq_id, seq_id, 0, best_len))
             if best_len >= floor:  # its restored cells are replaced by the best's
                 floor = best.floor
-        if on != seq_id:
+        if moved:
             ops.append(KvOp.remove(on))
         covered = [p for p in self.paths if not p.pins and shared[p.seq_id] == len(p.tokens)]
         for path in covered:  # a prefix of the new path: fully covered by it
