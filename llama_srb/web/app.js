@@ -1007,6 +1007,7 @@ function editCard(node, index, text) {
   if (!choice.edited) choice.original = choice.text;
   choice.text = text;
   choice.edited = true;
+  state.sync?.coming(); // "Saved" would be untrue until the save made when typing pauses
   saveTreeSoon();
 }
 

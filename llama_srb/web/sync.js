@@ -127,6 +127,11 @@ export class StorySync {
     if (!this.waiting) this.hooks.onStatus("saving", "Saving…");
   }
 
+  /** A change is on its way (an edit is committed once typing pauses): not saved yet. */
+  coming() {
+    if (!this.closed && !this.waiting) this.hooks.onStatus("saving", "Saving…");
+  }
+
   flushSoon(ms) {
     this.timer ??= setTimeout(() => this.flush(), ms);
   }

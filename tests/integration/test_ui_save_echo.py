@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.integration.bundled import GEMMA
@@ -18,6 +19,7 @@ from tests.integration.ui_helpers import (
     expect,
     saved,
     start_story,
+    story_id,
     wait_finished,
     wait_until,
 )
@@ -86,3 +88,28 @@ def test_a_node_brought_back_while_its_deletion_is_on_the_way_is_no_clash(
     release()
     saved(page)
     expect(page.get_by_role("dialog")).to_be_hidden()
+
+
+def test_an_edited_card_is_not_called_saved_before_its_save(
+    open_ui: Any, server: RunningServer
+) -> None:
+    """A card's edit is committed once typing pauses (400 ms): from the keystroke the page
+    says "Saving…", not the last save's "Saved" (a writer closing the tab on "Saved", or a
+    test waiting for it, would otherwise go on before the edit reached the server)."""
+    page = open_ui(server.base_url)
+    start_story(page, n=2, max_tokens=4, seed=9)
+    saved(page)
+    # the edit and the status read in one turn of the page: no save can land between them
+    status = page.evaluate(
+        """() => {
+            const box = document.querySelector('[data-testid="continuation-text"]');
+            box.value += " and the tide.";
+            box.dispatchEvent(new Event("input", { bubbles: true }));
+            return document.querySelector('[data-testid="save-state"]').textContent;
+        }"""
+    )
+    assert status == "Saving…"
+    saved(page)
+    sid = story_id(page)
+    story = httpx.get(f"{server.api_url}/stories/{sid}", timeout=30).json()
+    assert any(c["text"].endswith(" and the tide.") for n in story["nodes"] for c in n["choices"])
