@@ -124,7 +124,7 @@ export class StorySync {
     this.cacheSoon();
     if (this.busy) this.again = true;
     else if (!this.waiting) this.flushSoon(SAVE_MS);
-    if (!this.waiting) this.hooks.onStatus("saving", "Saving…");
+    this.coming();
   }
 
   /** A change is on its way (an edit is committed once typing pauses): not saved yet. */
