@@ -385,6 +385,18 @@ _sampled_candidates_at = _address_of("llama_get_sampled_candidates_ith")
 _sampled_logits_at = _address_of("llama_get_sampled_logits_ith")
 
 
+def _function(name: str) -> int:
+    """The address of llama.cpp's function `name`."""
+    address = ctypes.cast(C.llama_cpp._lib[name], ctypes.c_void_p).value
+    assert address, name
+    return address
+
+
+# For C loops that run a branch's chain themselves (sampling/_rows.c's pick_candidates).
+SAMPLER_APPLY = _function("llama_sampler_apply")
+SAMPLER_ACCEPT = _function("llama_sampler_accept")
+
+
 class BufferViews:
     """Numpy views of llama.cpp's output buffers, by address and shape: a new view costs
     more than most of a step's bookkeeping, and a buffer moves only when llama.cpp
@@ -633,6 +645,12 @@ class SamplerChain:
         chain = cls(C.llama_sampler_chain_init(params))
         chain.extend(samplers)
         return chain
+
+    @property
+    def address(self) -> int:
+        """The chain's address, for C code that runs it (sampling/_rows.c)."""
+        assert self.ptr is not None, "closed"
+        return ctypes.cast(self.ptr, ctypes.c_void_p).value or 0
 
     def extend(self, samplers: Sequence[C.llama_sampler_p]) -> None:
         for sampler in samplers:

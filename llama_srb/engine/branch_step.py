@@ -72,21 +72,24 @@ class BranchStep:
         self,
         request: Request,
         branch: Branch,
-        row: Row | DeviceRow,
+        row: Row | DeviceRow | None,
         scores: RowScores | None,
         taken: set[int] | None = None,
         mask: Bitmask | None = None,
+        picked: int | None = None,
     ) -> tuple[ChoiceDelta, list[KvOp]]:
         """The branch's delta for this step, and the KV changes a rewind needs. A finish
         reason when the branch ends here (the scheduler then releases it). With `taken`
-        (distinct openings), a first token none of the branches before it drew."""
+        (distinct openings), a first token none of the branches before it drew. `picked`:
+        the token its sampler drew and accepted already (no `row`: the device's candidates
+        decided it, engine/device_cut.py)."""
         assert branch.text is not None
         released = branch.text.released
         ops: list[KvOp] = []
         if request.params.max_tokens == 0:
             drawn: Drawn | None = Drawn(reason=FinishReason.LENGTH)
         else:
-            drawn = self._draw(request, branch, row, scores, taken, mask, ops)
+            drawn = self._draw(request, branch, row, scores, taken, mask, ops, picked)
         if drawn is None:  # rewound to a token decoded again next step: nothing yet
             return ChoiceDelta(branch.index), ops
         return self._delta(request, branch, released, drawn), ops
@@ -95,23 +98,27 @@ class BranchStep:
         self,
         request: Request,
         branch: Branch,
-        row: Row | DeviceRow,
+        row: Row | DeviceRow | None,
         scores: RowScores | None,
         taken: set[int] | None,
         mask: Bitmask | None,
         ops: list[KvOp],
+        picked: int | None = None,
     ) -> Drawn | None:
         """Sample until a token stays (or the branch ends): one that began a banned phrase
         is taken back and drawn again from the same row when it can be."""
         params = request.params
         assert branch.text is not None
-        mask_eog = params.ignore_eos or len(branch.tokens) < params.min_tokens
+        mask_eog = request.masks_end(branch)
         while True:
-            if branch.forced:  # the writer's next word (live branching's `append`)
+            if picked is not None:
+                token, picked = picked, None
+            elif branch.forced:  # the writer's next word (live branching's `append`)
                 token = branch.forced.pop(0)
                 assert branch.sampler is not None
                 branch.sampler.accept(token)
             else:
+                assert row is not None
                 token = self._pick(branch, row, mask_eog, taken, mask)
             if token == GRAMMAR_COMPLETE:  # nothing may follow: the branch has said it all
                 return Drawn(reason=FinishReason.STOP)

@@ -35,8 +35,15 @@ from llama_srb.engine.context import DecodeContext
 from llama_srb.engine.request import Branch, Request
 from llama_srb.engine.scheduler import DecodeCall
 from llama_srb.engine.stats import EngineStats
-from llama_srb.native import Batch
+from llama_srb.native import SAMPLER_ACCEPT, SAMPLER_APPLY, Batch
+from llama_srb.sampling import _rows
+from llama_srb.sampling.branch import DevicePick
+from llama_srb.sampling.cut import Ids
 from llama_srb.sampling.device_row import DeviceRow, sort_candidates
+
+NO_IDS = np.empty((0, 0), np.int64)
+NO_VALUES = np.empty((0, 0), np.float32)
+NO_FLAGS = np.empty(0, np.bool_)
 
 # The device's cut: above llama.cpp's default top-k (40), so its default chain is decided
 # on the device; 512 bytes a row to read.
@@ -61,9 +68,19 @@ class CallRows:
     device: dict[int, Origin] = field(default_factory=dict)
     whole: bool = True
     scratch: bool = False  # the scratch token was added to make it so
-    # after the decode: each device row's candidates, most likely first
-    candidates: dict[int, DeviceRow] = field(default_factory=dict)
+    # after the decode: the device rows' candidates in `device`'s order (sorted: most
+    # likely first), whether each holds end of generation, and each row's slot in them
+    ids: Ids = field(default_factory=lambda: NO_IDS)
+    values: npt.NDArray[np.float32] = field(default_factory=lambda: NO_VALUES)
+    holds_eog: npt.NDArray[np.bool_] = field(default_factory=lambda: NO_FLAGS)
+    slots: dict[int, int] = field(default_factory=dict)
     decoded_again: dict[int, npt.NDArray[np.float32]] = field(default_factory=dict)
+
+    @property
+    def candidate_bytes(self) -> int:
+        """What the host reads of llama.cpp's output for a row of candidates: ids and
+        logits, 4 bytes each (as DeviceRow.nbytes)."""
+        return 8 * self.ids.shape[1]
 
 
 class DeviceCut:
@@ -154,12 +171,63 @@ class DeviceCut:
             return
         at = list(rows.device)  # ascending: the decode rows, then the prompts' last
         # the call's rows ordered, and checked for end of generation, at once
-        ids, values, holds_eog = sort_candidates(*self.ctx.candidates(at, self.k), self._eog)
-        for slot, (i, eog) in enumerate(zip(at, holds_eog.tolist(), strict=True)):
-            rows.candidates[i] = DeviceRow(
-                ids[slot], values[slot], self.complete, ordered=True, eog=eog
-            )
+        rows.ids, rows.values, rows.holds_eog = sort_candidates(
+            *self.ctx.candidates(at, self.k), self._eog
+        )
+        rows.slots = {i: slot for slot, i in enumerate(at)}
         self.stats.device_rows += len(at)
+
+    def row(self, rows: CallRows, i: int) -> DeviceRow | None:
+        """Row i's candidates, when it was read as such."""
+        slot = rows.slots.get(i)
+        if slot is None:
+            return None
+        eog = bool(rows.holds_eog[slot])
+        return DeviceRow(rows.ids[slot], rows.values[slot], self.complete, ordered=True, eog=eog)
+
+    def pick(self, call: DecodeCall, rows: CallRows) -> dict[int, int]:
+        """The tokens of the call's branches whose chains pick from the candidates alone
+        (no writer's tokens waiting: live branching's `append`), made in one C loop and
+        accepted, by id(branch); the branches of a prompt's last row all pick from it. A
+        pick the candidates cannot prove is left out (its branch samples from the
+        DeviceRow, which says so, and reads the whole row)."""
+        work: list[tuple[int, bool, DevicePick]] = []
+        branches: list[Branch] = []
+
+        def add(request: Request, branch: Branch, slot: int) -> None:
+            spec = branch.sampler.device_pick if branch.sampler is not None else None
+            if spec is not None and not branch.forced and request.params.max_tokens:
+                work.append((slot, request.masks_end(branch), spec))
+                branches.append(branch)
+
+        for i, (request, branch) in enumerate(call.decode):
+            slot = rows.slots.get(i)
+            if slot is not None:
+                add(request, branch, slot)
+        for chunk, last in zip(call.prefill, rows.chunk_rows, strict=True):
+            slot = rows.slots.get(last)
+            if slot is not None and chunk.completes_prompt:
+                for branch in chunk.request.live:
+                    add(chunk.request, branch, slot)
+        if not work:
+            return {}
+        tokens = _rows.pick_candidates(
+            rows.ids,
+            rows.values,
+            rows.ids.shape[1],
+            rows.holds_eog,
+            self._eog,
+            self.complete,
+            SAMPLER_APPLY,
+            SAMPLER_ACCEPT,
+            work,
+        )
+        picked: dict[int, int] = {}
+        for branch, token in zip(branches, tokens, strict=True):
+            if token is not None:
+                picked[id(branch)] = token
+                branch.sampler.picked_on_device()  # type: ignore[union-attr]
+        return picked
 
     def whole_row(
         self, rows: CallRows, logits: npt.NDArray[np.float32], i: int

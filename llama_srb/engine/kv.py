@@ -175,13 +175,20 @@ class PrefixCache:
         on = seq_id if cells_on is None else cells_on
         array = as_tokens(tokens)
         shared = self._common_prefixes(array)
-        # Its prefix may share the cells of a path it extends past that one's floor only.
-        sources: list[CachedPath] = []
+        # Its prefix may share the cells of a path it extends past that one's floor only:
+        # the best source is the first that shares the most; and the paths it covers.
+        best: CachedPath | None = None
+        best_len = 0
         below_floor: list[CachedPath] = []
+        covered: list[CachedPath] = []
         for p in self.paths:
-            (sources if shared[p.seq_id] >= p.floor else below_floor).append(p)
-        best = max(sources, key=lambda p: shared[p.seq_id], default=None)
-        best_len = shared[best.seq_id] if best is not None else 0
+            n = shared[p.seq_id]
+            if n < p.floor:
+                below_floor.append(p)
+            elif n > best_len or best is None:
+                best, best_len = p, n
+            if n == len(p.tokens) and not p.pins:
+                covered.append(p)
         if best is not None and best_len == len(array):
             self.touch(best)  # nothing new: keep the old path
             return [KvOp.remove(on)], [seq_id]
@@ -209,7 +216,7 @@ class PrefixCache:
                 floor = best.floor
         if moved:
             ops.append(KvOp.remove(on))
-        covered = [p for p in self.paths if not p.pins and shared[p.seq_id] == len(p.tokens)]
+        covered = [p for p in covered if p not in apart]
         for path in covered:  # a prefix of the new path: fully covered by it
             ops.append(KvOp.remove(path.seq_id))
             self._remove(path)
@@ -227,16 +234,16 @@ class PrefixCache:
             return {}
         newest = self.paths[-1]
         n = common_prefix(array, newest.tokens)
-        shared = {newest.seq_id: n}
-        after = int(array[n]) if n < len(array) else None  # its token after those n
+        after = int(array[n]) if n < len(array) else -1  # its token after those n
+        by_newest = newest.shared  # every other path's common prefix with the newest
+        shared = {seq_id: s if s < n else n for seq_id, s in by_newest.items()}
+        # those that share exactly n with the newest: most part from it at the next token
         for path in self.paths[:-1]:
-            s = newest.shared[path.seq_id]
-            if s != n:
-                shared[path.seq_id] = min(s, n)
-            elif after is not None and n < len(path.tokens) and after != path.tokens[n]:
-                shared[path.seq_id] = n
-            else:
-                shared[path.seq_id] = n + common_prefix(array[n:], path.tokens[n:])
+            if by_newest[path.seq_id] == n:
+                tokens = path.tokens
+                if after < 0 or n >= len(tokens) or after == tokens[n]:
+                    shared[path.seq_id] = n + common_prefix(array[n:], tokens[n:])
+        shared[newest.seq_id] = n
         return shared
 
     @staticmethod

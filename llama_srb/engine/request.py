@@ -53,12 +53,16 @@ class Sampler(Protocol):
     one of `forbidden` nor one its grammar's `mask` refuses; with `taken`, a distinct
     opening), and back to fewer tokens. `matcher`: its place in its grammar, if any.
     `device_k`: how many of a row's most likely tokens decide its pick, when a device's
-    top-K can (sampling/device_row.py), else None."""
+    top-K can (sampling/device_row.py), else None; `device_pick`: that pick as a C loop
+    makes it for a call's rows at once (engine/device_cut.py), if it can."""
 
     matcher: Matcher | None
 
     @property
     def device_k(self) -> int | None: ...
+    @property
+    def device_pick(self) -> Any: ...
+    def picked_on_device(self) -> None: ...
 
     def sample(
         self, row: Any, forbidden: Any = None, taken: set[int] | None = None, mask: Any = None
@@ -164,6 +168,12 @@ class Request:
     def scores_tokens(self) -> bool:
         """Whether each sampled token's logprob is computed (a numpy pass over its row)."""
         return self.params.logprobs is not None or self.best_of is not None
+
+    def masks_end(self, branch: Branch) -> bool:
+        """Whether end of generation is masked for the branch's next token (`ignore_eos`,
+        or fewer tokens than `min_tokens`)."""
+        params = self.params
+        return params.ignore_eos or len(branch.tokens) < params.min_tokens
 
     @property
     def primary(self) -> Branch:

@@ -83,6 +83,8 @@ class SamplingStage:
         chunk_rows = rows.chunk_rows
         broken = self._broken(call, masks)
         out.broken = list(broken.values())
+        # the branches whose chains the candidates decide: picked in one C loop
+        picked = self.device.pick(call, rows) if self.device is not None else {}
         for chunk, last in zip(call.prefill, chunk_rows, strict=True):
             if chunk.request.prompt_logprobs:
                 self._score_prompt(chunk, logits, last)
@@ -100,18 +102,26 @@ class SamplingStage:
             # distinct_openings: each branch's first token is one no earlier one drew
             taken: set[int] | None = set() if request.params.distinct_openings else None
             for branch in request.live:
-                self._next(out, request, branch, row, scores, taken, masks, (rows, logits, last))
+                where = (rows, logits, last)
+                token = picked.get(id(branch))
+                self._next(out, request, branch, row, scores, taken, masks, where, token)
         for i, (request, branch) in enumerate(call.decode):
-            if id(request) not in broken:
+            if id(request) in broken:
+                continue
+            token = picked.get(id(branch))
+            if token is None:
                 row = self._row(rows, logits, i)
                 scores = scores_of(request, row)
-                self._next(out, request, branch, row, scores, None, masks, (rows, logits, i))
+                self._next(out, request, branch, row, scores, None, masks, (rows, logits, i), None)
+            else:  # drawn from its candidates already: only counted
+                self.stats.logits_bytes_read += rows.candidate_bytes
+                self._next(out, request, branch, None, None, None, masks, (rows, logits, i), token)
         return out
 
     def _row(self, rows: CallRows, logits: npt.NDArray[np.float32], i: int) -> Row | DeviceRow:
         """Output row i of the call, as the host reads it (counted): the device's
         candidates, or the whole row."""
-        candidates = rows.candidates.get(i)
+        candidates = self.device.row(rows, i) if self.device is not None else None
         if candidates is not None:
             self.stats.logits_bytes_read += candidates.nbytes
             return candidates
@@ -127,17 +137,19 @@ class SamplingStage:
         out: CallSample,
         request: Request,
         branch: Branch,
-        row: Row | DeviceRow,
+        row: Row | DeviceRow | None,
         scores: RowScores | None,
         taken: set[int] | None,
         masks: dict[int, Bitmask],
         where: tuple[CallRows, npt.NDArray[np.float32], int],
+        picked: int | None,
     ) -> None:
         """`where`: the call's rows, its logits and the row's index, for a pick the
-        device's candidates cannot prove (it reads the whole row then)."""
+        device's candidates cannot prove (it reads the whole row then). `picked`: the
+        branch's token, drawn from its candidates in DeviceCut.pick's C loop."""
         mask = masks.get(id(branch))
         try:
-            delta, ops = self.step.next(request, branch, row, scores, taken, mask)
+            delta, ops = self.step.next(request, branch, row, scores, taken, mask, picked)
         except Undecided:
             assert self.device is not None
             whole = self._whole(self.device.whole_row(*where))

@@ -15,12 +15,15 @@
    AVX2 and AVX-512 clones only (the baseline, SSE2, has no blend); a word across a grid
    row's end is read one token at a time.
    sort_candidates: backend sampling's candidates, each row in the host path's order.
+   pick_candidates: the picks a call's branches make from their rows' candidates, each
+   branch's llama.cpp chain run over them by its function pointers.
    top_k and head are heaps, one item at a time: scalar (head's first test sums its values
    with exp_sum). GCC 12 -O3 on setup.py's flags, read with -fopt-info-vec-optimized. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -205,6 +208,87 @@ static void sort_candidates_of(const int32_t *restrict ids, const float *restric
     }
 }
 
+/* llama.h's llama_token_data and llama_token_data_array, and the two calls a pick makes
+   (llama_sampler_apply, llama_sampler_accept), whose addresses the caller passes. */
+typedef struct {
+    int32_t id;
+    float logit;
+    float p;
+} token_data;
+
+typedef struct {
+    token_data *data;
+    size_t size;
+    int64_t selected;
+    bool sorted;
+} token_data_array;
+
+typedef void (*apply_fn)(void *chain, token_data_array *candidates);
+typedef void (*accept_fn)(void *chain, int32_t token);
+
+/* A branch's cut, as sampling/branch.py's BranchSampler plans it for the device. */
+enum { CUT_GREEDY = 0, CUT_TOP_K = 1, CUT_MIN_P = 2 };
+
+typedef struct {
+    Py_ssize_t slot;  /* its row of the sorted candidates */
+    int mask_eog;     /* end of generation is masked (ignore_eos, min_tokens) */
+    uint64_t chain;   /* the finishing chain (0: greedy has none) */
+    int kind;
+    int top_k;
+    double scale;     /* the temperatures before the cut */
+    double log_min_p; /* log(min_p), for CUT_MIN_P */
+} pick_item;
+
+/* One branch's pick from its row of k candidates (sorted: most likely first, lower ids
+   first among equals), as BranchSampler._sample_device picks it from a DeviceRow
+   (sampling/device_row.py says what the candidates prove): the end-of-generation ids
+   dropped when masked (masked, they sort last), the cut, the candidates at the chain's
+   scale through its chain, the token accepted. -2 when the candidates cannot prove the
+   pick (nothing accepted). `data`: room for k. */
+static int64_t pick_of(const pick_item *item, const int64_t *restrict ids,
+                       const float *restrict values, Py_ssize_t k, int holds_eog,
+                       const int64_t *restrict eog, Py_ssize_t n_eog, int complete,
+                       apply_fn apply, accept_fn accept, token_data *restrict data) {
+    const int64_t *id = ids + item->slot * k;
+    const float *value = values + item->slot * k;
+    float floor = complete ? -INFINITY : value[k - 1];
+    Py_ssize_t n = 0; /* the candidates left, the masked ones after them at -inf */
+    for (Py_ssize_t i = 0; i < k; i++) {
+        int masked = 0;
+        if (item->mask_eog && holds_eog)
+            for (Py_ssize_t j = 0; j < n_eog; j++) masked |= id[i] == eog[j];
+        if (!masked) {
+            data[n].id = (int32_t)id[i];
+            data[n].logit = value[i];
+            data[n].p = 0.0f;
+            n++;
+        }
+    }
+#define AT(i) ((i) < n ? data[i].logit : -INFINITY)
+    Py_ssize_t cut;
+    if (item->kind == CUT_GREEDY) {
+        return AT(0) > floor ? data[0].id : -2;
+    } else if (item->kind == CUT_TOP_K) {
+        if (item->top_k >= k && floor > -INFINITY) return -2;
+        cut = item->top_k < k ? item->top_k : k;
+        if (cut < 1 || !(AT(cut - 1) > floor) || (cut < k && AT(cut) == AT(cut - 1))) return -2;
+    } else {
+        float threshold = (float)((double)AT(0) + item->log_min_p / item->scale);
+        if (floor >= threshold) return -2;
+        for (cut = 0; cut < n && data[cut].logit >= threshold; cut++);
+    }
+#undef AT
+    if (item->scale != 1.0) {
+        float scale = (float)item->scale;
+        for (Py_ssize_t i = 0; i < cut; i++) data[i].logit *= scale;
+    }
+    token_data_array array = {data, (size_t)cut, -1, true};
+    apply((void *)(uintptr_t)item->chain, &array);
+    int64_t token = array.selected >= 0 ? array.data[array.selected].id : -1;
+    accept((void *)(uintptr_t)item->chain, (int32_t)token);
+    return token;
+}
+
 /* A C-contiguous buffer of `size`-byte items of one of `formats` ("f": float32, "i":
    int32, "lq": int64) in the machine's byte order (numpy's views of ctypes memory say so:
    "<f"). */
@@ -336,6 +420,74 @@ static PyObject *sort_candidates(PyObject *self, PyObject *args) {
     return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
 }
 
+static PyObject *pick_candidates(PyObject *self, PyObject *args) {
+    enum { IDS, VALUES, HOLDS, EOG, N };
+    static const char *formats[N] = {"lq", "f", "?", "lq"};
+    static const char *names[N] = {"ids", "values", "holds", "eog"};
+    static const Py_ssize_t sizes[N] = {8, 4, 1, 8};
+    PyObject *objects[N], *work;
+    Py_ssize_t k;
+    int complete;
+    unsigned long long apply, accept;
+    if (!PyArg_ParseTuple(args, "OOnOOpKKO!", &objects[IDS], &objects[VALUES], &k,
+                          &objects[HOLDS], &objects[EOG], &complete, &apply, &accept,
+                          &PyList_Type, &work))
+        return NULL;
+    Py_buffer buffers[N];
+    int held = 0;
+    for (; held < N; held++)
+        if (!items(objects[held], &buffers[held], formats[held], sizes[held], 0, names[held]))
+            break;
+    Py_ssize_t m = PyList_GET_SIZE(work), rows = buffers[HOLDS].len;
+    pick_item *picks = held == N ? PyMem_Malloc((m ? m : 1) * sizeof(pick_item)) : NULL;
+    token_data *data = held == N && k > 0 ? PyMem_Malloc(k * sizeof(token_data)) : NULL;
+    int64_t *tokens = held == N ? PyMem_Malloc((m ? m : 1) * sizeof(int64_t)) : NULL;
+    PyObject *out = NULL;
+    if (held < N)
+        ;
+    else if (!picks || !data || !tokens)
+        PyErr_NoMemory();
+    else if (buffers[IDS].len / 8 != rows * k || buffers[VALUES].len / 4 != rows * k)
+        PyErr_SetString(PyExc_ValueError, "ids, values: not k candidates a row of holds");
+    else {
+        Py_ssize_t i = 0;
+        for (; i < m; i++) { /* (slot, mask_eog, (chain, kind, top_k, scale, log_min_p)) */
+            pick_item *item = &picks[i];
+            if (!PyArg_ParseTuple(PyList_GET_ITEM(work, i), "np(Kiidd)", &item->slot,
+                                  &item->mask_eog, &item->chain, &item->kind, &item->top_k,
+                                  &item->scale, &item->log_min_p))
+                break;
+            if (item->slot < 0 || item->slot >= rows || item->kind < CUT_GREEDY ||
+                item->kind > CUT_MIN_P || (item->kind != CUT_GREEDY && !item->chain) ||
+                !(item->scale > 0)) {
+                PyErr_SetString(PyExc_ValueError, "work: not a row and a device's chain");
+                break;
+            }
+        }
+        if (i == m) {
+            const uint8_t *holds = buffers[HOLDS].buf;
+            Py_BEGIN_ALLOW_THREADS;
+            for (i = 0; i < m; i++)
+                tokens[i] = pick_of(&picks[i], buffers[IDS].buf, buffers[VALUES].buf, k,
+                                    holds[picks[i].slot], buffers[EOG].buf,
+                                    buffers[EOG].len / 8, complete, (apply_fn)(uintptr_t)apply,
+                                    (accept_fn)(uintptr_t)accept, data);
+            Py_END_ALLOW_THREADS;
+            out = PyList_New(m);
+            for (i = 0; out && i < m; i++) {
+                PyObject *token = tokens[i] == -2 ? Py_NewRef(Py_None) : PyLong_FromLongLong(tokens[i]);
+                if (!token) Py_CLEAR(out);
+                else PyList_SET_ITEM(out, i, token);
+            }
+        }
+    }
+    PyMem_Free(picks);
+    PyMem_Free(data);
+    PyMem_Free(tokens);
+    while (held-- > 0) PyBuffer_Release(&buffers[held]);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"exp_sum", exp_sum, METH_VARARGS,
      "exp_sum(row, top, scale) -> sum(exp(scale * (row - top))) of a float32 row (top its "
@@ -355,6 +507,13 @@ static PyMethodDef methods[] = {
      "int32 `ids` and float32 `values`, most likely first and lower ids first among equals, "
      "into the int64 `out_ids` and float32 `out_values`; `holds`: the bool of each row, "
      "whether it holds any of the int64 ids `marked`."},
+    {"pick_candidates", pick_candidates, METH_VARARGS,
+     "pick_candidates(ids, values, k, holds, eog, complete, apply, accept, work) -> list: "
+     "for each (slot, mask_eog, (chain, kind, top_k, scale, log_min_p)) of `work`, the token "
+     "its chain picks from row `slot` of the sorted candidates (int64 `ids`, float32 "
+     "`values`, k a row; `holds`: the row holds an id of the int64 `eog`), accepted, or None "
+     "when the candidates cannot prove it. `apply`, `accept`: the addresses of "
+     "llama_sampler_apply and llama_sampler_accept."},
     {NULL, NULL, 0, NULL},
 };
 

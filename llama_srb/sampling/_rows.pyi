@@ -8,3 +8,14 @@ def head(values: Any, top: float, scale: float, target: float) -> float: ...
 def sort_candidates(
     ids: Any, values: Any, k: int, marked: Any, out_ids: Any, out_values: Any, holds: Any
 ) -> None: ...
+def pick_candidates(
+    ids: Any,
+    values: Any,
+    k: int,
+    holds: Any,
+    eog: Any,
+    complete: bool,
+    apply: int,
+    accept: int,
+    work: list[tuple[int, bool, tuple[int, int, int, float, float]]],
+) -> list[int | None]: ...

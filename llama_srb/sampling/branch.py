@@ -44,6 +44,10 @@ TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32
 # it tries them again: this many, doubled for each such pick in a row (up to 16 times).
 WHOLE_ROWS_AFTER_UNDECIDED = 16
 Survivors = npt.NDArray[np.void]  # llama_token_data records
+# A device-decided chain as sampling/_rows.c's pick_candidates reads it: its finish
+# chain's address (0: greedy), its cut (DEVICE_CUTS), top-k, scale and log(min-p).
+DevicePick = tuple[int, int, int, float, float]
+DEVICE_CUTS = {CutKind.GREEDY: 0, CutKind.TOP_K: 1, CutKind.MIN_P: 2}
 
 
 @functools.lru_cache(maxsize=4)
@@ -178,6 +182,17 @@ class BranchSampler:
                 self._device_k = 1
             elif plan.cut is CutKind.TOP_K:
                 self._device_k = params.top_k
+        # The same, for the C loop that makes a call's picks from its candidates at once.
+        self._device_pick: DevicePick | None = None
+        if self._device_k is not None:
+            greedy = plan.cut is CutKind.GREEDY
+            self._device_pick = (
+                0 if finish is None else finish.address,
+                DEVICE_CUTS[plan.cut],
+                params.top_k,
+                1.0 if greedy else plan.scale,
+                math.log(params.min_p) if plan.cut is CutKind.MIN_P else 0.0,
+            )
         self._undecided = 0  # picks in a row the candidates could not prove
         self._whole_rows_left = 0  # whole rows to read before trying the candidates again
 
@@ -187,6 +202,16 @@ class BranchSampler:
         they cannot prove costs a decode of its own (engine/device_cut.py), so a flat
         distribution (a wide min-p) reads whole rows for a while, longer each time."""
         return None if self._whole_rows_left else self._device_k
+
+    @property
+    def device_pick(self) -> DevicePick | None:
+        """What the C loop needs to make this chain's pick from a device row, when
+        `device_k` says the candidates may decide it."""
+        return None if self._whole_rows_left else self._device_pick
+
+    def picked_on_device(self) -> None:
+        """The C loop made (and accepted) this step's pick: the candidates decided it."""
+        self._undecided = 0
 
     @property
     def rng(self) -> np.random.Generator:

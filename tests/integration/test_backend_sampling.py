@@ -25,10 +25,19 @@ from llama_srb.engine.device_cut import DEVICE_TOP_K
 from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.spec import RequestSpec
-from llama_srb.native import Batch, Context, ContextOptions, Model, NativeError
-from llama_srb.sampling.branch import build_samplers
+from llama_srb.native import (
+    SAMPLER_ACCEPT,
+    SAMPLER_APPLY,
+    Batch,
+    Context,
+    ContextOptions,
+    Model,
+    NativeError,
+)
+from llama_srb.sampling import _rows
+from llama_srb.sampling.branch import BranchSampler, build_samplers
 from llama_srb.sampling.cut import Row
-from llama_srb.sampling.device_row import DeviceRow, Undecided
+from llama_srb.sampling.device_row import DeviceRow, Undecided, sort_candidates
 from llama_srb.sampling.params import SamplingParams
 from tests.integration.test_sampling_paths import CASES, STORY
 from tests.support.server import run_server
@@ -155,25 +164,55 @@ def test_every_case_picks_the_host_path_s_token_or_takes_it(
     seeds = [11 + i for i in range(N)]
     host = build_samplers(decoded.model, params, seeds)
     device = build_samplers(decoded.model, params, seeds)
-    eog = np.unique(np.array(decoded.model.eog_tokens, np.int64)) if forbidden else None
+    in_c = build_samplers(decoded.model, params, seeds)  # a step's rows in one C loop
+    eog_ids = np.unique(np.array(decoded.model.eog_tokens, np.int64))
+    eog = eog_ids if forbidden else None
     decides = device[0].device_k is not None and device[0].device_k < DEVICE_TOP_K
     assert decides == (case not in HOST_PATH), HOST_PATH.get(case, "decided on the device")
+    assert (in_c[0].device_pick is not None) == (device[0].device_k is not None)
     undecided = 0
-    for at, (row, (ids, values)) in enumerate(zip(decoded.whole, decoded.candidates, strict=True)):
-        i = at % N
-        want = host[i].sample(Row(row.copy()), eog)
-        if not decides:
-            continue
-        try:
-            got = device[i].sample(DeviceRow(ids, values), eog)
-        except Undecided:
-            undecided += 1
-            got = device[i].sample(Row(row.copy()), eog)
-        assert got == want, f"row {at}"
+    for step in range(STEPS):
+        rows = decoded.whole[step * N : (step + 1) * N]
+        cut = decoded.candidates[step * N : (step + 1) * N]
+        if decides:
+            picks = c_picks(in_c, cut, eog_ids, forbidden)
+        for i, (row, (ids, values)) in enumerate(zip(rows, cut, strict=True)):
+            want = host[i].sample(Row(row.copy()), eog)
+            if not decides:
+                continue
+            try:
+                got = device[i].sample(DeviceRow(ids, values), eog)
+            except Undecided:
+                undecided += 1
+                assert picks[i] is None, f"step {step}, row {i}: C decided what Python did not"
+                got = device[i].sample(Row(row.copy()), eog)
+                in_c[i].sample(Row(row.copy()), eog)
+            assert got == want, f"step {step}, row {i}"
+            assert picks[i] is None or picks[i] == want, f"step {step}, row {i}: C's pick"
     if decides:
         assert undecided < len(decoded.whole) // 4  # the candidates decide nearly every row
-    for sampler in host + device:
+    for sampler in host + device + in_c:
         sampler.close()
+
+
+def c_picks(
+    samplers: list[BranchSampler],
+    cut: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]],
+    eog: npt.NDArray[np.int64],
+    masked: bool,
+) -> list[int | None]:
+    """The picks of a step's rows as the engine makes them (DeviceCut.pick): sorted and
+    checked for end of generation at once, then every branch's chain in one C loop."""
+    ids, values, holds = sort_candidates(
+        np.stack([i for i, _ in cut]), np.stack([v for _, v in cut]), eog
+    )
+    work = []
+    for slot, sampler in enumerate(samplers):
+        assert sampler.device_pick is not None
+        work.append((slot, masked, sampler.device_pick))
+    return _rows.pick_candidates(
+        ids, values, DEVICE_TOP_K, holds, eog, False, SAMPLER_APPLY, SAMPLER_ACCEPT, work
+    )
 
 
 def test_a_chain_the_candidates_fail_reads_whole_rows_for_a_while(decoded: DecodedRows) -> None:

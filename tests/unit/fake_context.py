@@ -255,6 +255,7 @@ class FakeSampler:
     distinct opening), so branches can differ."""
 
     matcher = None  # no grammar
+    device_pick = None  # picks in Python: from a DeviceRow, as the engine's fallback does
 
     def __init__(self, rank: int = 0, device: bool = True) -> None:
         """`device`: a device's top-k may serve it (else it reads whole rows)."""
@@ -286,6 +287,9 @@ class FakeSampler:
 
     def accept(self, token: int) -> None:
         self.accepted.append(token)  # a token it did not draw: a steer's history, a writer's
+
+    def picked_on_device(self) -> None:
+        raise AssertionError("no C loop picks for a fake sampler")
 
     def close(self) -> None:
         self.closed += 1
