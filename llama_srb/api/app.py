@@ -81,8 +81,8 @@ def create_app(settings: Settings, loader: Loader | None = None) -> FastAPI:
             yield
         finally:
             loader.cancel()
-            await documented
             await state.close()
+            await documented
 
     app = FastAPI(title="llama-srb", version="0.1.0", lifespan=lifespan)
     app.state.srb = state

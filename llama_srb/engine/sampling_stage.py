@@ -13,7 +13,9 @@ sampling/chain.py's plan (docs/sampling.md has the table).
 The rows are llama.cpp's logits buffer, read on the host: each row once, into its column
 maxima (sampling/cut.py), just before its branches sample from it, while it is in the
 core's cache for the columns they read next. A prompt's last row serves all its branches
-(their first tokens). Every row read is counted (`EngineStats.logits_bytes_read`, on
+(their first tokens). With backend sampling, the picks the device's candidates decide are
+made first, for the whole call in one C loop (`DeviceCut.pick`); the branch step takes
+those tokens on. Every row read is counted (`EngineStats.logits_bytes_read`, on
 /metrics): what the host reads of llama.cpp's output per branch-step.
 """
 
