@@ -37,12 +37,19 @@ run inside `llama_decode`'s graph) costs and saves on this machine, real decodes
    seed 1: host ms per branch-step (the client's wall less `llama_decode`'s time from
    `/metrics`, over the tokens drawn), the wall, and the distinct choices; then greedy
    n=4 x `--tokens` on both, whose text must be the same.
+5. **Before and after** (`--parts 5 --checkout DIR`): a server from an older llama-srb
+   checkout and one from this tree, both with it `on`, started together; each round sends
+   one request of n x `--tokens` (defaults, `ignore_eos`, seed 1) to each in turn, the
+   order alternating, a pause between: the median host ms per branch-step over
+   `--rounds`, as part 4 counts it. On a noisy machine this is fairer than two sittings.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import statistics
 import sys
 import tempfile
 import time
@@ -256,6 +263,8 @@ def main() -> None:
     )
     parser.add_argument("--model", default=DEFAULT, help="a bundled model's name or a GGUF file")
     parser.add_argument("--no-sillytavern", action="store_true", help="skip its presets")
+    parser.add_argument("--checkout", type=Path, help="part 5: the older checkout's tree")
+    parser.add_argument("--rounds", type=int, default=3, help="part 5: requests of each n")
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     presets = all_presets(with_sillytavern=not args.no_sillytavern)
@@ -264,6 +273,10 @@ def main() -> None:
     parts = args.parts.split(",")
     if "4" in parts:  # first: the servers load the model themselves
         server_table(args.model, presets, names, ns, args.tokens)
+    if "5" in parts:
+        if args.checkout is None:
+            parser.error("--parts 5 needs --checkout")
+        before_after_table(args.model, args.checkout, ns, args.tokens, args.rounds)
     settings = Settings(model=args.model)
     model = Model(settings.resolved_model_path(), model_options(settings))
     quiet = C.llama_log_callback(lambda *_: None)  # kept: llama.cpp calls it from C
@@ -279,6 +292,7 @@ def main() -> None:
         f" --ns {args.ns} --tokens {args.tokens} --k {args.k} --presets {args.presets}"
         + (f" --repeats {args.repeats}" if args.repeats > 1 else "")
         + (f" --parts {args.parts}" if args.parts != "1,2,3" else "")
+        + (f" --checkout {args.checkout} --rounds {args.rounds}" if "5" in parts else "")
         + ("" if args.model == DEFAULT else f" --model {args.model}")
     )
     model.close()
@@ -336,6 +350,32 @@ def server_table(
         )
     same = runs["off"][-1].texts == runs["on"][-1].texts
     print(f"\ngreedy, n=4 x {tokens}: {'the same text' if same else 'DIFFERENT text'} off and on")
+
+
+def before_after_table(model: str, checkout: Path, ns: list[int], tokens: int, rounds: int) -> None:
+    print(f"\n5. Before ({checkout}) and after (this tree), --backend-sampling on\n")
+    host: dict[str, dict[int, list[float]]] = {"before": {}, "after": {}}
+    with contextlib.ExitStack() as stack, httpx.Client(timeout=httpx.Timeout(3600.0)) as http:
+        servers = {}
+        for side, tree in (("before", checkout), ("after", None)):
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+            own = ["--data-dir", str(tmp / "data"), "--cache-dir", str(tmp / "kv")]
+            args = ("--model", model, "--backend-sampling", "on", *own)
+            servers[side] = stack.enter_context(run_server(tmp, *args, checkout=tree))
+        for turn in range(rounds):
+            for n in ns:
+                body = {"prompt": STORY, "n": n, "n_predict": tokens, "seed": 1}
+                for side in ("before", "after") if turn % 2 == 0 else ("after", "before"):
+                    time.sleep(0.5)  # llama.cpp's threads of the other server settle
+                    run = served(servers[side], http, {**body, "ignore_eos": True})
+                    host[side].setdefault(n, []).append(run.host_ms)
+    print("| n | host ms / branch-step, before | after | after / before | each, before / after |")
+    print("|---:|---:|---:|---:|---|")
+    for n in ns:
+        before, after = host["before"][n], host["after"][n]
+        each = " ".join(f"{b:.3f}/{a:.3f}" for b, a in zip(before, after, strict=True))
+        b, a = statistics.median(before), statistics.median(after)
+        print(f"| {n} | {b:.3f} | {a:.3f} | {a / b:.2f} | {each} |", flush=True)
 
 
 def engine_table(

@@ -10,7 +10,7 @@ logits row alone (tests/unit/test_branch_step.py).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,9 +33,9 @@ class Rewind(enum.Enum):
     END = "end"  # a bound was reached: it ends before the phrase
 
 
-@dataclass(frozen=True)
-class Drawn:
-    """What a branch drew this step: the text it released, and why it ends (if it does)."""
+class Drawn(NamedTuple):
+    """What a branch drew this step: the text it released, and why it ends (if it does).
+    (A tuple: built once per branch-step, where a frozen dataclass costs ~3x more.)"""
 
     text: str = ""
     reason: FinishReason | None = None

@@ -118,15 +118,22 @@ class DeviceCut:
     def decides(self, request: Request, branches: list[Branch], first: bool = False) -> bool:
         """Whether the candidates can serve every branch sampling from one row of the
         request (`first`: the prompt's last row, where distinct openings read more)."""
-        if request.scores_tokens or request.params.bans_text:
+        if not self._serves(request):
             return False
         if first and request.params.distinct_openings and len(branches) > 1:
             return False
-        for branch in branches:
-            device_k = branch.sampler.device_k if branch.sampler is not None else None
-            if device_k is None or device_k >= self.k:
-                return False
-        return True
+        return all(self._decided(branch) for branch in branches)
+
+    @staticmethod
+    def _serves(request: Request) -> bool:
+        """Whether the request's rows may be candidates at all: it reads no logprobs and
+        takes nothing back."""
+        return not (request.scores_tokens or request.params.bans_text)
+
+    def _decided(self, branch: Branch) -> bool:
+        """Whether the branch's chain picks from the device's cut alone."""
+        device_k = branch.sampler.device_k if branch.sampler is not None else None
+        return device_k is not None and device_k < self.k
 
     def prefers_chain(self, request: Request) -> bool:
         """Whether the request's rows would be read as candidates on chained ids."""
@@ -137,12 +144,17 @@ class DeviceCut:
         scratch token added to `batch` when the others need their whole rows copied."""
         rows = CallRows(chunk_rows, whole=False)
         needs_whole = False
+        served: dict[int, bool] = {}  # _serves by id(request): once per request, not row
         for i, (request, branch) in enumerate(call.decode):
+            ok = served.get(id(request))
+            if ok is None:
+                ok = served[id(request)] = self._serves(request)
             if branch.seq_id >= self.chained:
                 rows.whole = True
-            elif self.decides(request, [branch]):
-                token = branch.tokens[-1] if branch.tokens else request.prompt[-1]
-                pos = request.prompt_len + len(branch.tokens) - 1
+            elif ok and self._decided(branch):
+                tokens = branch.tokens
+                token = tokens[-1] if tokens else request.prompt[-1]
+                pos = request.prompt_len + len(tokens) - 1
                 rows.device[i] = Origin(branch.seq_id, token, pos)
             else:
                 needs_whole = True

@@ -247,9 +247,7 @@ class Runtime:
                     self._publish(self._inbox.popleft()())
                 if self._stopping:
                     return
-                outputs = self.engine.step()
-                worked |= bool(outputs)
-                self._publish(outputs)
+                worked |= bool(self.engine.step(self._publish))
                 busy = self.engine.has_work
             except Exception as exc:  # keep serving: fail what was in flight, not the server
                 log.exception("engine step failed")

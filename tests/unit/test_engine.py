@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -70,6 +71,39 @@ def test_branches_fork_from_one_prefill_and_match_each_decoded_alone() -> None:
     # every step that decoded says how long it spent outside llama_decode
     host = snapshot.stats.host_step_seconds
     assert host.count == snapshot.stats.steps and host.total > 0
+
+
+def test_the_last_outputs_go_out_before_the_kv_cache_is_changed_for_what_ended() -> None:
+    """A reader has its request's last tokens before the engine moves and drops the
+    ended branches' cells (~190 sequence ops at n = 64); the step still returns with the
+    cache settled, so the next step, or a caller that reads it, finds it so."""
+    engine, ctx = make_engine(n_batch=16)
+    prompt = story(30)
+    engine.add(make_request("a", prompt, n=3, max_tokens=4))
+    applied: list[tuple[int, ...]] = []
+
+    def counted(op: Callable[..., None]) -> Callable[..., None]:
+        def call(*args: int) -> None:
+            applied.append(args)
+            op(*args)
+
+        return call
+
+    ctx.seq_cp, ctx.seq_rm = counted(ctx.seq_cp), counted(ctx.seq_rm)  # type: ignore[method-assign]
+    # when delivered: a request finished, the ops applied, the tokens /metrics counts
+    seen: list[tuple[bool, int, int]] = []
+
+    def deliver(outputs: list[Any]) -> None:
+        counted = engine.snapshot.stats.generated_tokens
+        seen.append((any(o.finished for o in outputs), len(applied), counted))
+
+    while engine.has_work:
+        assert engine.step(deliver)  # still the step's outputs, for the caller's bookkeeping
+        check_kv(engine)
+    finished, before, counted = seen[-1]
+    assert finished and len(applied) > before  # the parking ops came after the delivery
+    assert counted == 3 * 4  # and the published counters before it
+    assert len(engine.scheduler.budget.cache.paths) == 3
 
 
 def test_the_snapshot_is_renewed_when_a_request_comes_or_goes_not_on_every_step(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,7 +49,7 @@ class FakeEngine:
             raise self.add_error
         return []
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, deliver: Callable[[list[RequestOutput]], None]) -> list[RequestOutput]:
         if self.step_error is not None and self.requests:
             raise self.step_error
         return []

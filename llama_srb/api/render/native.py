@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from llama_srb.api.errors import api_error
@@ -100,6 +101,11 @@ class NativeCall:
 
     # -- rendering ------------------------------------------------------------------------
 
+    @cached_property
+    def settings(self) -> dict[str, Any]:
+        """`generation_settings`: one for all the call's results (64 alike at n = 64)."""
+        return generation_settings(self.params, self.options)
+
     def _position(self, result: ChoiceSoFar) -> int:
         return prompt_position(result.index, self.options.n)
 
@@ -146,7 +152,7 @@ class NativeCall:
             "model": self.options.model,
             "tokens_predicted": len(result.token_ids),
             "tokens_evaluated": len(prompt.tokens),
-            "generation_settings": generation_settings(self.params, self.options),
+            "generation_settings": self.settings,
             "prompt": prompt.text,
             "has_new_line": "\n" in result.text,
             "truncated": False,
