@@ -125,7 +125,9 @@ class EngineCollector(Collector):
         yield _histogram(
             "llama_srb_host_step_seconds",
             "Per engine step, the time spent outside llama_decode (scheduling, sampling, text,"
-            " outputs): on a fast GPU, this sets the pace when it is a large share of the step",
+            " outputs, and the KV cache's work for what the step before ended, done after its"
+            " outputs went): on a fast GPU, this sets the pace when it is a large share of the"
+            " step",
             stats.host_step_seconds,
         )
         yield _histogram(

@@ -75,6 +75,8 @@ class Engine:
         self.stats = EngineStats()
         self.snapshot = EngineSnapshot(kv_cells_total=budget.n_cells)
         self._published_at = -math.inf  # time.perf_counter() of the last publish
+        # seconds of KV work a step did after its outputs went (Engine.step's `deliver`)
+        self._settling = 0.0
         self._masks = MaskBatch(model.n_vocab)  # every constrained row's mask, once a step
         self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="llama-srb-masks")
         self.branch_step = BranchStep(model.eog_tokens, self._masks)
@@ -214,8 +216,9 @@ class Engine:
     ) -> list[RequestOutput]:
         """Run one decode step and return the outputs it produced: its admissions, the
         progress of long prompts, and every branch's new text. `deliver`: called with them
-        before the KV cache is changed for the branches that ended, so that their readers
-        do not wait for it (64 paths parked: ~190 sequence ops, ~14 ms at n_ctx 32,768)."""
+        (the snapshot published first) before the KV cache is changed for the branches
+        that ended, so that their readers do not wait for it (64 paths parked: ~190
+        sequence ops, ~14 ms at n_ctx 32,768)."""
         started, decoding = time.perf_counter(), self.stats.decode_seconds
         plan = self.scheduler.schedule()
         self._observe_admission(plan)
@@ -234,17 +237,19 @@ class Engine:
                 outputs += self.fail_all(f"engine error: {exc}")
             finally:
                 self.watch.end()
-        due = self._snapshot_due(plan, outputs)
-        if deliver is not None:
-            if due:  # a reader with its last tokens finds them counted on /metrics
-                self.publish_snapshot()
-            deliver(outputs)
-        self._apply(ended)
         if not plan.empty:
             decoded = self.stats.decode_seconds - decoding
-            self.stats.host_step_seconds.observe(time.perf_counter() - started - decoded)
-        if due:
-            self.publish_snapshot()
+            host = time.perf_counter() - started - decoded + self._settling
+            self.stats.host_step_seconds.observe(host)
+            self._settling = 0.0
+        if self._snapshot_due(plan, outputs):
+            self.publish_snapshot()  # before the outputs: their reader finds them counted
+        if deliver is not None:
+            deliver(outputs)
+        settling = time.perf_counter()
+        self._apply(ended)
+        # counted in the next step's host time, which waits for it
+        self._settling += time.perf_counter() - settling
         return outputs
 
     def _snapshot_due(self, plan: StepPlan, outputs: list[RequestOutput]) -> bool:
