@@ -237,7 +237,6 @@ class Engine:
                 outputs += self.fail_all(f"engine error: {exc}")
             finally:
                 self.watch.end()
-        if not plan.empty:
             decoded = self.stats.decode_seconds - decoding
             host = time.perf_counter() - started - decoded + self._settling
             self.stats.host_step_seconds.observe(host)
