@@ -262,6 +262,17 @@ class PrefixCache:
         victim = min(candidates, key=lambda p: p.last_used)
         return victim.seq_id, self._evict(victim)
 
+    def move(self, path: CachedPath, seq_id: int) -> list[KvOp]:
+        """Move an unpinned path's cells to the empty sequence `seq_id`, its id from now on;
+        returns the ops (its cells tagged with the new id, the old one emptied)."""
+        assert not path.pins, "a running request forks from this path's id"
+        old, path.seq_id = path.seq_id, seq_id
+        for other in self.paths:
+            if other is not path:
+                other.shared[seq_id] = other.shared.pop(old)
+        self.generation += 1
+        return [KvOp(old, seq_id), KvOp.remove(old)]
+
     def _evict(self, path: CachedPath) -> list[KvOp]:
         save = self._saved(path)
         self._remove(path)
@@ -422,8 +433,7 @@ class KvBudget:
                 and self.cells_reserved + need + self.cache.cells() <= self.n_cells
             )
         )
-        chained = self.prefers_chain(request)
-        seq_ids = tuple(self._take_id(chained) for _ in request.branches)
+        seq_ids = tuple(self._take_ids(request, request.n_branches, ops))
         self.live += request.n_branches
         self.cells_reserved += need
         if found.seq_id >= 0:  # a cached path's or a running request's cells
@@ -483,7 +493,32 @@ class KvBudget:
         self.live += 1
         self.cells_reserved += need
         self.index.live[request].prompt_cells += extra  # returned with the prompt's
-        return self._take_id(self.prefers_chain(request)), ops
+        return self._take_ids(request, 1, ops)[0], ops
+
+    def _take_ids(self, request: Request, count: int, ops: list[KvOp]) -> list[int]:
+        """Free ids for `count` branches of `request`: with backend sampling, ids that carry
+        the device's cut if it serves the request (cached paths parked on them move to
+        ids without it, their ops added to `ops`), else ids without it, as far as free."""
+        chained = self.prefers_chain(request)
+        if chained and self.chained:
+            ops += self._clear_chained(count)
+        return [self._take_id(chained) for _ in range(count)]
+
+    def _clear_chained(self, wanted: int) -> list[KvOp]:
+        """Up to `wanted` free ids that carry the device's cut: the cached paths parked on
+        them (least recently used first; a host-path request that found no other id left
+        them there) move to free ids without it. Otherwise its branches would get ids
+        without the cut, read whole rows, and make every call copy its rows out."""
+        ops: list[KvOp] = []
+        free = sum(1 for seq_id in self._free_ids if seq_id < self.chained)
+        parked = [p for p in self.cache.paths if p.seq_id < self.chained and not p.pins]
+        for path in sorted(parked, key=lambda p: p.last_used)[: max(0, wanted - free)]:
+            unchained = self._pop_free(False)
+            if unchained is None:
+                break
+            self._free_ids.append(path.seq_id)
+            ops += self.cache.move(path, unchained)
+        return ops
 
     def _take_id(self, chained: bool) -> int:
         """A free sequence id, one that carries the device's cut (or not) if any is free."""

@@ -22,6 +22,7 @@ from tests.unit.fake_context import (
     Ends,
     FakeContext,
     FakeSampler,
+    Outputs,
     make_engine,
     make_request,
     run,
@@ -266,6 +267,38 @@ def test_parked_paths_leave_the_ids_that_carry_the_cut_to_the_next_request() -> 
     assert device.stats.prompt_tokens_cached >= len(PROMPT) - 1
     host.add(make_request("b", [*PROMPT, 3, 8], 5, max_tokens=5))
     assert got.tokens("b") == run(host).tokens("b")
+
+
+def test_a_request_it_serves_takes_back_the_ids_that_carry_the_cut_from_parked_paths() -> None:
+    """A host-path request that found no other ids free ran on some that carry the cut,
+    and its paths stayed parked there. The next request the cut serves moves them to ids
+    without it (their cells copied over, the cache still whole) instead of taking ids
+    without the cut: none of its calls copies whole rows, and it still forks its prompt
+    from the parked paths. (Seen from outside: SillyTavern's Default preset, then its
+    Universal-Light, read every row whole at n = 8.)"""
+    host, _ = make_engine(max_live=8, cache_paths=2)
+    device, ctx = make_engine(max_live=8, cache_paths=2, device_top_k=K, chained=4)
+    hosted = make_request("off", PROMPT, 8, max_tokens=4)
+    for branch in hosted.branches:  # a chain the cut cannot decide (a top-p first, say)
+        assert isinstance(branch.sampler, FakeSampler)
+        branch.sampler.device_k = None
+    device.add(hosted)
+    run(device)
+    budget = device.scheduler.budget
+    assert any(path.seq_id < 4 for path in budget.cache.paths)  # no other id was free
+    copied = ctx.whole_decodes
+    served = make_request("on", [*PROMPT, 3, 8], 4, max_tokens=5)
+    ctx.seqs_decoded.clear()
+    device.add(served)
+    got = Outputs()
+    got.add(device.step())
+    assert sorted(b.seq_id for b in served.branches) == [0, 1, 2, 3]
+    run(device, got)
+    assert ctx.whole_decodes == copied
+    assert ctx.seqs_decoded <= {0, 1, 2, 3}
+    assert device.stats.prompt_tokens_cached >= len(PROMPT) - 1
+    host.add(make_request("on", [*PROMPT, 3, 8], 4, max_tokens=5))
+    assert got.tokens("on") == run(host).tokens("on")
 
 
 def test_a_pick_the_candidates_cannot_prove_reads_the_row_decoded_again() -> None:
