@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from llama_srb.api.deps import INLINE_BODY_BYTES
 from llama_srb.api.errors import APIError, api_error, body_for
 from llama_srb.api.finite import non_finite
 from llama_srb.api.input.prompts import Prompt
@@ -223,12 +224,12 @@ def test_the_first_number_that_is_not_finite_is_found_with_its_path(
         ("/api/v1/generate", '{"prompt": "x", "rep_pen": %s}', "rep_pen", "detail"),
     ],
 )
+@pytest.mark.parametrize("prompt", [1, INLINE_BODY_BYTES])  # parsed on the loop, on a worker
 def test_a_number_that_is_not_finite_is_a_400_naming_its_field(
-    client: TestClient, number: str, route: str, body: str, path: str, read: str
+    client: TestClient, number: str, route: str, body: str, path: str, read: str, prompt: int
 ) -> None:
-    response = client.post(
-        route, content=body % number, headers={"Content-Type": "application/json"}
-    )
+    content = (body % number).replace('"x"', f'"{"x" * prompt}"')
+    response = client.post(route, content=content, headers={"Content-Type": "application/json"})
     assert response.status_code == 400, response.text
     error = response.json()[read]
     message = error["message"] if read == "error" else error["msg"]
