@@ -314,7 +314,8 @@ def served(server: RunningServer, http: httpx.Client, body: dict[str, Any]) -> S
     wall = time.perf_counter() - started
     response.raise_for_status()
     clock = EngineClock.read(server) - before
-    texts = [result["content"] for result in response.json()]
+    answer = response.json()  # one result object for n = 1, else a list of them
+    texts = [result["content"] for result in (answer if isinstance(answer, list) else [answer])]
     host_ms = (wall - clock.decode_seconds) / clock.drawn * 1e3
     return Served(host_ms, wall, len(set(texts)), texts)
 
