@@ -507,8 +507,8 @@ class KvBudget:
     def _clear_chained(self, wanted: int) -> list[KvOp]:
         """Up to `wanted` free ids that carry the device's cut: the cached paths parked on
         them (least recently used first; a host-path request that found no other id left
-        them there) move to free ids without it. Otherwise its branches would get ids
-        without the cut, read whole rows, and make every call copy its rows out."""
+        them there) move to free ids without it. Else a request the cut serves would get
+        ids without it, read whole rows, and have llama.cpp copy all of its calls' rows."""
         ops: list[KvOp] = []
         free = sum(1 for seq_id in self._free_ids if seq_id < self.chained)
         parked = [p for p in self.cache.paths if p.seq_id < self.chained and not p.pins]
