@@ -94,15 +94,15 @@ def test_the_last_outputs_go_out_before_the_kv_cache_is_changed_for_what_ended()
     seen: list[tuple[bool, int, int]] = []
 
     def deliver(outputs: list[Any]) -> None:
-        counted = engine.snapshot.stats.generated_tokens
-        seen.append((any(o.finished for o in outputs), len(applied), counted))
+        generated = engine.snapshot.stats.generated_tokens
+        seen.append((any(o.finished for o in outputs), len(applied), generated))
 
     while engine.has_work:
         assert engine.step(deliver)  # still the step's outputs, for the caller's bookkeeping
         check_kv(engine)
-    finished, before, counted = seen[-1]
+    finished, before, generated = seen[-1]
     assert finished and len(applied) > before  # the parking ops came after the delivery
-    assert counted == 3 * 4  # and the published counters before it
+    assert generated == 3 * 4  # and the published counters before it
     assert len(engine.scheduler.budget.cache.paths) == 3
 
 
