@@ -39,8 +39,8 @@ run inside `llama_decode`'s graph) costs and saves on this machine, real decodes
    n=4 x `--tokens` on both, whose text must be the same.
 5. **Before and after** (`--parts 5 --checkout DIR`): a server from an older llama-srb
    checkout and one from this tree, both with it `on`, started together; each round sends
-   one request of n x `--tokens` (defaults, `ignore_eos`, seed 1) to each in turn, the
-   order alternating, a pause between: the median host ms per branch-step over
+   one request of n x `--tokens` (defaults, `ignore_eos`, seed 1), whole and streamed (its
+   events read as they come), to each in turn, the order alternating, a pause between: the median host ms per branch-step over
    `--rounds`, as part 4 counts it. On a noisy machine this is fairer than two sittings.
 """
 
@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import json
 import statistics
 import sys
 import tempfile
@@ -306,18 +307,33 @@ class Served:
     texts: list[str]
 
 
-def served(server: RunningServer, http: httpx.Client, body: dict[str, Any]) -> Served:
-    """One /completion request; host time is its wall less llama_decode's (/metrics)."""
+def served(
+    server: RunningServer, http: httpx.Client, body: dict[str, Any], stream: bool = False
+) -> Served:
+    """One /completion request, whole or streamed (its events read as they come); host
+    time is its wall less llama_decode's (/metrics)."""
     before = EngineClock.read(server)
     started = time.perf_counter()
-    response = http.post(f"{server.base_url}/completion", json=body)
-    wall = time.perf_counter() - started
-    response.raise_for_status()
+    if stream:
+        texts: dict[int, str] = {}
+        with http.stream("POST", f"{server.base_url}/completion", json=body) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    index = event.get("index", 0)
+                    texts[index] = texts.get(index, "") + event.get("content", "")
+        wall = time.perf_counter() - started
+        results = list(texts.values())
+    else:
+        response = http.post(f"{server.base_url}/completion", json=body)
+        wall = time.perf_counter() - started
+        response.raise_for_status()
+        answer = response.json()  # one result object for n = 1, else a list of them
+        results = [r["content"] for r in (answer if isinstance(answer, list) else [answer])]
     clock = EngineClock.read(server) - before
-    answer = response.json()  # one result object for n = 1, else a list of them
-    texts = [result["content"] for result in (answer if isinstance(answer, list) else [answer])]
     host_ms = (wall - clock.decode_seconds) / clock.drawn * 1e3
-    return Served(host_ms, wall, len(set(texts)), texts)
+    return Served(host_ms, wall, len(set(results)), results)
 
 
 def server_table(
@@ -355,7 +371,8 @@ def server_table(
 
 def before_after_table(model: str, checkout: Path, ns: list[int], tokens: int, rounds: int) -> None:
     print(f"\n5. Before ({checkout}) and after (this tree), --backend-sampling on\n")
-    host: dict[str, dict[int, list[float]]] = {"before": {}, "after": {}}
+    cases = [(n, stream) for n in ns for stream in (False, True)]
+    runs: dict[str, dict[tuple[int, bool], list[Served]]] = {"before": {}, "after": {}}
     with contextlib.ExitStack() as stack, httpx.Client(timeout=httpx.Timeout(3600.0)) as http:
         servers = {}
         for side, tree in (("before", checkout), ("after", None)):
@@ -364,19 +381,27 @@ def before_after_table(model: str, checkout: Path, ns: list[int], tokens: int, r
             args = ("--model", model, "--backend-sampling", "on", *own)
             servers[side] = stack.enter_context(run_server(tmp, *args, checkout=tree))
         for turn in range(rounds):
-            for n in ns:
-                body = {"prompt": STORY, "n": n, "n_predict": tokens, "seed": 1}
+            for n, stream in cases:
+                body = {"prompt": STORY, "n": n, "n_predict": tokens, "seed": 1, "stream": stream}
                 for side in ("before", "after") if turn % 2 == 0 else ("after", "before"):
                     time.sleep(0.5)  # llama.cpp's threads of the other server settle
-                    run = served(servers[side], http, {**body, "ignore_eos": True})
-                    host[side].setdefault(n, []).append(run.host_ms)
-    print("| n | host ms / branch-step, before | after | after / before | each, before / after |")
-    print("|---:|---:|---:|---:|---|")
-    for n in ns:
-        before, after = host["before"][n], host["after"][n]
-        each = " ".join(f"{b:.3f}/{a:.3f}" for b, a in zip(before, after, strict=True))
-        b, a = statistics.median(before), statistics.median(after)
-        print(f"| {n} | {b:.3f} | {a:.3f} | {a / b:.2f} | {each} |", flush=True)
+                    run = served(servers[side], http, {**body, "ignore_eos": True}, stream)
+                    runs[side].setdefault((n, stream), []).append(run)
+    print("| n | answer | host ms / branch-step, before | after | after / before |", end="")
+    print(" wall after / before | each, before / after |")
+    print("|---:|---|---:|---:|---:|---:|---|")
+    for case in cases:
+        before, after = runs["before"][case], runs["after"][case]
+        pairs = zip(before, after, strict=True)
+        each = " ".join(f"{b.host_ms:.3f}/{a.host_ms:.3f}" for b, a in pairs)
+        b, a = (statistics.median(r.host_ms for r in side) for side in (before, after))
+        wall = statistics.median(r.wall for r in after) / statistics.median(r.wall for r in before)
+        n, stream = case
+        answer = "streamed" if stream else "whole"
+        print(
+            f"| {n} | {answer} | {b:.3f} | {a:.3f} | {a / b:.2f} | {wall:.2f} | {each} |",
+            flush=True,
+        )
 
 
 def engine_table(

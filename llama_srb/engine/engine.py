@@ -97,6 +97,10 @@ class Engine:
         self.sampling = SamplingStage(ctx, self.branch_step, self.stats, self.device)
         self.tier_io = TierIO(ctx, budget.tiers, self.stats)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
+        # Called where the engine is about to wait on llama.cpp: before each llama_decode
+        # and before a step's KV work. The runtime hands the last step's progress to the
+        # event loop there, so that its readers' work runs beside it (runtime.py).
+        self.handover: Callable[[], None] | None = None
 
     def close(self) -> None:
         self._mask_worker.shutdown()
@@ -222,6 +226,8 @@ class Engine:
         started, decoding = time.perf_counter(), self.stats.decode_seconds
         plan = self.scheduler.schedule()
         self._observe_admission(plan)
+        if plan.kv_ops and self.handover is not None:
+            self.handover()
         for seq_id in self._apply(plan.kv_ops):
             self.scheduler.restore_failed(plan, seq_id)
         outputs = [self._output(request, [], admitted=True) for request in plan.admitted]
@@ -338,6 +344,8 @@ class Engine:
             )
         device = self.device
         rows = CallRows(chunk_rows) if device is None else device.plan(call, batch, chunk_rows)
+        if self.handover is not None:
+            self.handover()
         started = time.perf_counter()
         self.ctx.decode(batch)
         elapsed = time.perf_counter() - started
