@@ -134,18 +134,15 @@ def submit(
     submissions: Sequence[Submission],
     caller: Caller | None = None,
     live: LiveCall | None = None,
-    each_step: bool = True,
 ) -> Merged:
     """Hand every request of a call to the engine now (the queue bound counts them at
     once): their outputs as one stream, each tagged with its request's position in
     `submissions` and logged on its way (RequestLog); with `live`, recorded for live
-    branching too (api/live.py). `each_step=False`: nothing reads them before the end, so
-    each request's progress comes with its end (Runtime.generate)."""
+    branching too (api/live.py)."""
     settings = state.settings
     timeout = settings.request_timeout or None
     records = [RequestRecord(s.request_id, s.spec) for s in submissions]
-    runtime = loaded.runtime
-    generations = [runtime.generate(s, timeout, each_step) for s in submissions]
+    generations = [loaded.runtime.generate(s, timeout=timeout) for s in submissions]
     key = caller.key if caller is not None else None
     log = RequestLog(state.metrics, loaded.model, settings.log_prompts, records, key)
     if live is not None:

@@ -5,11 +5,9 @@ The asyncio side only submits closures (add, abort) and reads per-request queues
 engine thread hands each batch of outputs the engine returns to the event loop at once
 (engine/mailbox.py, which keeps the GIL while it wakes the event loop), which routes them
 to their readers. A step's progress goes when the next llama_decode starts, so that the
-readers' work (a stream's events) runs beside it and not between two decodes; a reader
-that takes a request's answer only when it ends has its progress held until then, so its
-steps wake nobody (`_publish`). A request's ownership moves with `generate`: from then on
-the event loop knows its id, its client and what its outputs said (engine/generation.py
-Flight), never the request itself.
+readers' work (a stream's events) runs beside it and not between two decodes. A request's
+ownership moves with `generate`: from then on the event loop knows its id, its client and
+what its outputs said (engine/generation.py Flight), never the request itself.
 """
 
 from __future__ import annotations
@@ -72,9 +70,6 @@ class Runtime:
         self._hurry = False  # end the drain now (a second signal)
         self.died: str | None = None  # why the engine thread ended unasked, once it has
         self._warm = threading.Event()  # the engine thread's first decode is done
-        # Engine thread only: the outputs held for each request read when it ends
-        # (`generate`'s `each_step=False`) until one of its outputs must go out.
-        self._held: dict[str, list[RequestOutput]] = {}
         # Engine thread only: the last step's progress, until the engine's next handover.
         self._progress: list[RequestOutput] = []
         engine.handover = self._hand_over
@@ -175,28 +170,22 @@ class Runtime:
             )
         )
 
-    def generate(
-        self, submission: Submission, timeout: float | None = None, each_step: bool = True
-    ) -> Generation:
+    def generate(self, submission: Submission, timeout: float | None = None) -> Generation:
         """Hand a built request to the engine now and return the iterator of its outputs.
 
         Submitting at once, not at the first read, lets the queue bound count the request
         before its HTTP response starts. `timeout` counts from here, queueing included.
-        `each_step=False`: its reader reads it only when it ends, so its outputs come in two
-        batches, its admission and its end (with all it held), not one a step.
         """
         self._mailbox.watch(asyncio.get_running_loop())
         request = submission.take()
         flight = Flight(submission.request_id, submission.spec.client)
         self._flights[flight.request_id] = flight
-        self._call(lambda: self._add(request, each_step))
+        self._call(lambda: self._add(request))
         if self.closing:  # raced with shutdown: the engine still frees what it built
             self._interrupt(flight, ShuttingDown("the server is shutting down"))
         return Generation(flight, timeout, self._release)
 
-    def _add(self, request: Request, each_step: bool) -> list[RequestOutput]:
-        if not each_step:
-            self._held[request.request_id] = []
+    def _add(self, request: Request) -> list[RequestOutput]:
         try:
             return self.engine.add(request)
         except Exception as exc:  # maybe not tracked by the engine: end it here, for its reader
@@ -214,41 +203,19 @@ class Runtime:
 
     def _hand_over(self) -> None:
         """Engine thread, as the engine is about to wait on llama.cpp: the last step's
-        progress goes to the event loop, whose readers' work then runs beside llama_decode
-        and not between two decodes, waiting for the GIL (measured: ~1.3 ms a step of 64
-        streams' events)."""
+        progress goes to the event loop, whose readers' work then runs beside llama_decode,
+        not between two decodes (docs/benchmarks.md, "Outputs handed over beside
+        llama_decode")."""
         if self._progress:
             self._publish([])
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
-        """Engine thread: hand a batch of outputs to the event loop, in one wake-up. A
-        request read only when it ends has its progress held, and sent ahead of its
-        admission or its end: a wake-up a step cost its next step ~0.3 ms, waiting for
-        the GIL while the event loop read a delta nobody needed yet. The last step's
-        progress goes first."""
+        """Engine thread: hand a batch of outputs to the event loop, in one wake-up, the
+        last step's progress first."""
         if self._progress:
             outputs, self._progress = self._progress + outputs, []
-        if self._held:
-            outputs = self._release_held(outputs)
         if outputs:
             self._mailbox.post(functools.partial(self._deliver, outputs))
-
-    def _release_held(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
-        """Engine thread: the outputs that go out now, those held before them first."""
-        going: list[RequestOutput] = []
-        for output in outputs:
-            held = self._held.get(output.request_id)
-            if held is None:
-                going.append(output)
-            elif output.admitted or output.finished:
-                going += held
-                going.append(output)
-                held.clear()
-                if output.finished:
-                    del self._held[output.request_id]
-            else:
-                held.append(output)
-        return going
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Event-loop thread: each output to its reader's queue (if it still has one)."""

@@ -1,7 +1,7 @@
 """How outputs cross from the engine thread to the event loop (engine/runtime.py,
 engine/mailbox.py), over a fake context: a step's progress goes when the next decode
-starts and ahead of anything published after it; a whole answer's comes with its end; the
-mailbox runs what any thread posts, in order, on its event loop."""
+starts and ahead of anything published after it; the mailbox runs what any thread posts,
+in order, on its event loop."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from llama_srb.engine.build import Submission
 from llama_srb.engine.mailbox import Mailbox
-from llama_srb.engine.outputs import FinishReason, RequestOutput
+from llama_srb.engine.outputs import FinishReason
 from llama_srb.engine.runtime import Runtime
 from tests.unit.fake_context import BOS, expected, make_engine, make_request
 
@@ -101,45 +101,6 @@ def test_what_is_published_after_a_step_goes_after_that_steps_progress() -> None
     tokens, reason = asyncio.run(scenario())
     assert reason is FinishReason.ABORT
     assert len(tokens) == 3 and tokens == request.branches[0].tokens
-
-
-@pytest.mark.parametrize("each_step", [True, False])
-def test_a_whole_answer_comes_with_its_end_and_a_stream_step_by_step(each_step: bool) -> None:
-    """`each_step=False` (an answer read whole): one batch with its admission, one with
-    its end and every delta held before it, in order; the same tokens as a stream's."""
-    engine, _ = make_engine()
-    runtime = Runtime(engine)
-    prompt = PROMPT
-    batches: list[list[RequestOutput]] = []
-    deliver = runtime._deliver
-
-    def counted(outputs: list[RequestOutput]) -> None:
-        batches.append(outputs)
-        deliver(outputs)
-
-    runtime._deliver = counted  # type: ignore[method-assign]
-
-    async def scenario() -> dict[int, list[int]]:
-        runtime.start()
-        try:
-            tokens: dict[int, list[int]] = {}
-            request = make_request("a", prompt, n=2, max_tokens=8)
-            async for output in runtime.generate(Submission(request), each_step=each_step):
-                for choice in output.choices:
-                    tokens.setdefault(choice.index, []).extend(choice.token_ids)
-            return tokens
-        finally:
-            runtime.stop()
-
-    assert asyncio.run(scenario()) == {i: expected(prompt, i, 8) for i in range(2)}
-    if each_step:
-        assert len(batches) >= 8
-    else:
-        assert len(batches) == 2
-        admission, end = batches
-        assert [o.admitted for o in admission] == [True]
-        assert end[-1].finished and not any(o.finished for o in end[:-1])
-        assert sum(len(c.token_ids) for o in end for c in o.choices) == 16
 
 
 def test_the_mailbox_runs_what_threads_post_in_order_on_its_event_loop() -> None:

@@ -62,7 +62,6 @@ async def respond(
     stream: bool | None = None,
     submitting: Submitting | None = None,
     failed: Callable[[], None] | None = None,
-    read_midway: bool = False,
 ) -> Response:
     """Check, prepare on a worker, submit, and answer: streamed or whole, as `stream` says
     where the route decides it (KoboldCpp's two routes), else `body.stream`. With
@@ -71,13 +70,10 @@ async def respond(
     A streamed request whose model must load first gets its stream at once, with a
     comment line (`: loading model …`, which event-stream readers skip) every
     LOAD_NOTICE_S while it loads; a failure from then on is the stream's error event, and
-    `failed` is told (a failure before that is raised here). `read_midway`: the route reads
-    a whole answer's text before it ends (KoboldCpp's /check), so its outputs come every
-    step, as a stream's do; other whole answers get theirs when they end."""
+    `failed` is told (a failure before that is raised here)."""
     streamed = body.stream if stream is None else stream
     slot = state.models.slot(body.model)  # a 404 for a model not served here
-    each_step = streamed or read_midway
-    call = Call(state, http, body, n_prompts, prepare, relaunch, submitting, failed, each_step)
+    call = Call(state, http, body, n_prompts, prepare, relaunch, submitting, failed)
     if streamed and slot.served is None:
         return sse_response(call.after_load(slot))
     outputs, answer = await call.start()
@@ -101,7 +97,6 @@ class Call:
     relaunch: Relaunch | None
     submitting: Submitting | None
     failed: Callable[[], None] | None
-    each_step: bool  # its outputs are read as they come, not only at its end
 
     async def start(self) -> tuple[Merged, Answer]:
         state, body = self.state, self.body
@@ -116,8 +111,7 @@ class Call:
                 subs = prepared.submissions
                 specs, ids = [s.spec for s in subs], [s.request_id for s in subs]
                 live = LiveCall(ids[0], caller.client, slot.name, body, self.relaunch, specs, ids)
-            merged = submit(state, loaded, prepared.submissions, caller, live, self.each_step)
-            return merged, prepared.answer
+            return submit(state, loaded, prepared.submissions, caller, live), prepared.answer
 
     async def after_load(self, slot: ModelSlot) -> AsyncIterator[str]:
         """The stream of a call whose model loads first: notices, then its answer."""

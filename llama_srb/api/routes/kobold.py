@@ -231,7 +231,6 @@ def kobold_router() -> APIRouter:
                 stream=stream,
                 submitting=job.submitting,
                 failed=release,  # in a stream that waited for its model's load
-                read_midway=True,  # /check reads its text so far
             )
         except BaseException:  # refused, or failed before its answer began
             release()
