@@ -251,8 +251,6 @@ class Engine:
             self.publish_snapshot()  # before the outputs: their reader finds them counted
         if deliver is not None:
             deliver(outputs)
-        if ended and self.handover is not None:
-            self.handover()
         settling = time.perf_counter()
         self._apply(ended)
         # counted in the next step's host time, which waits for it
