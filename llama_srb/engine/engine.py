@@ -98,8 +98,9 @@ class Engine:
         self.tier_io = TierIO(ctx, budget.tiers, self.stats)
         self._last_output_at: dict[str, float] = {}  # request id -> its last tokens' time
         # Called where the engine is about to wait on llama.cpp: before each llama_decode
-        # and before a step's KV work. The runtime hands the last step's progress to the
-        # event loop there, so that its readers' work runs beside it (runtime.py).
+        # and before an admission's KV work (copies, restores). The runtime hands the last
+        # step's progress to the event loop there, so that its readers' work runs beside
+        # it (runtime.py).
         self.handover: Callable[[], None] | None = None
 
     def close(self) -> None:
