@@ -54,7 +54,7 @@ SILLYTAVERN := $(BUILDS)/sillytavern-$(SILLYTAVERN_VERSION)
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml setup.py llama_srb/sampling/_rows.c Makefile $(WHEEL)
+$(STAMP): pyproject.toml setup.py llama_srb/sampling/_rows.c llama_srb/_cpu_cut.c Makefile $(WHEEL)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install --quiet --upgrade pip
 	@echo ">> installing llama-srb and its dependencies into $(VENV)"

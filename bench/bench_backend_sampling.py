@@ -75,7 +75,7 @@ from llama_srb.engine.engine import Engine
 from llama_srb.engine.kv import KvBudget
 from llama_srb.engine.spec import RequestSpec
 from llama_srb.loader import model_options
-from llama_srb.native import Batch, Context, ContextOptions, Model
+from llama_srb.native import Batch, Context, ContextOptions, Model, has_gpu_device
 from llama_srb.sampling.branch import BranchSampler, build_samplers
 from llama_srb.sampling.cut import Row
 from llama_srb.sampling.device_row import DeviceRow, Undecided, sort_candidates
@@ -102,7 +102,12 @@ def engine_run(
     k = DEVICE_TOP_K if device else 0
     budget = KvBudget(n, N_CTX, cache_paths=8, cache_cells=0)
     options = ContextOptions(
-        n_ctx=N_CTX, n_seq_max=budget.n_seq + device, n_batch=512, device_top_k=k, chained=n
+        n_ctx=N_CTX,
+        n_seq_max=budget.n_seq + device,
+        n_batch=512,
+        device_top_k=k,
+        chained=n,
+        cpu_cut=not has_gpu_device(),  # as the server chooses it
     )
     ctx = Context(model, options)
     engine = Engine(model, ctx, budget, device_top_k=k, chained=n)

@@ -241,6 +241,7 @@ def context_options(settings: Settings, n_ctx: int | None = None) -> ContextOpti
         type_v=GGML_TYPE[settings.cache_type_v],
         device_top_k=DEVICE_TOP_K if on_device else 0,
         chained=settings.max_n if on_device else 0,
+        cpu_cut=not offloaded(settings),
     )
 
 

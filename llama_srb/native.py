@@ -24,6 +24,7 @@ import llama_cpp as C
 import numpy as np
 import numpy.typing as npt
 
+from llama_srb import _cpu_cut
 from llama_srb.prefix_tokens import PrefixTokenizer
 
 # llama.cpp's GBNF parser and its grammar sampler recurse once per nesting level (and per
@@ -367,9 +368,11 @@ class ContextOptions:
     type_k: int = C.GGML_TYPE_F16  # the KV cache's element types (enum ggml_type)
     type_v: int = C.GGML_TYPE_F16
     # Backend sampling (engine/device_cut.py): sequence ids 0..chained-1 each carry a
-    # top_k(device_top_k) chain that llama_decode runs in its graph (0: none).
+    # top_k(device_top_k) chain that llama_decode runs in its graph (0: none); `cpu_cut`:
+    # the output rows are computed on the CPU, where _cpu_cut.c's op is the faster one.
     device_top_k: int = 0
     chained: int = 0
+    cpu_cut: bool = False
 
 
 def _address_of(name: str) -> Callable[[Any, int], int | None]:
@@ -385,9 +388,9 @@ _sampled_candidates_at = _address_of("llama_get_sampled_candidates_ith")
 _sampled_logits_at = _address_of("llama_get_sampled_logits_ith")
 
 
-def _function(name: str) -> int:
-    """The address of llama.cpp's function `name`."""
-    address = ctypes.cast(C.llama_cpp._lib[name], ctypes.c_void_p).value
+def _function(name: str, lib: ctypes.CDLL = C.llama_cpp._lib) -> int:
+    """The address of llama.cpp's (or `lib`'s) function `name`."""
+    address = ctypes.cast(lib[name], ctypes.c_void_p).value
     assert address, name
     return address
 
@@ -395,6 +398,19 @@ def _function(name: str) -> int:
 # For C loops that run a branch's chain themselves (sampling/_rows.c's pick_candidates).
 SAMPLER_APPLY = _function("llama_sampler_apply")
 SAMPLER_ACCEPT = _function("llama_sampler_accept")
+
+
+@functools.cache
+def cpu_cut_binds() -> bool:
+    """Whether llama_srb/_cpu_cut.c has the functions it calls and reads ggml's tensors as
+    it expects (else the cut is llama.cpp's own top_k)."""
+    ggml, llama = ggml_library(), C.llama_cpp._lib
+    return _cpu_cut.bind(
+        tuple(
+            _function(name, ggml if name.startswith("ggml_") else llama)
+            for name in _cpu_cut.FUNCTIONS
+        )
+    )
 
 
 class BufferViews:
@@ -451,17 +467,22 @@ class Context:
         self._n_outputs = 0  # logits rows of the last decode
         self._chains: list[SamplerChain] = []
         try:
-            self._attach(options.device_top_k, options.chained)
+            self._attach(options.device_top_k, options.chained, options.cpu_cut)
         except BaseException:
             self.close()
             raise
         self._views = BufferViews()
 
-    def _attach(self, k: int, chained: int) -> None:
+    def _attach(self, k: int, chained: int, cpu_cut: bool) -> None:
         """One top_k(k) chain per sequence id below `chained`, attached once: each attach
         makes llama.cpp reserve its scheduler again, which the first decode pays."""
         for seq_id in range(chained if k > 0 else 0):
-            chain = SamplerChain.of([C.llama_sampler_init_top_k(k)])
+            top_k = (
+                ctypes.cast(_cpu_cut.sampler(k), C.llama_sampler_p_ctypes)
+                if cpu_cut and cpu_cut_binds()
+                else C.llama_sampler_init_top_k(k)
+            )
+            chain = SamplerChain.of([top_k])
             self._chains.append(chain)  # freed after the context, which uses it until then
             if not C.llama_set_sampler(self.ptr, seq_id, chain.ptr):
                 raise NativeError(f"llama.cpp cannot run a top_k chain for sequence {seq_id}")

@@ -3,6 +3,9 @@ tokens inside llama_decode, on the device that computed the row, and the host re
 K instead of the row (docs/sampling.md, "Backend sampling").
 
 What llama.cpp does (llama-context.cpp, llama-graph.cpp), and what follows from it here:
+- The cut is llama.cpp's top_k sampler, or where the rows are computed on the CPU the
+  same sampler with a faster op that reads the rows where the model wrote them
+  (llama_srb/_cpu_cut.c).
 - A chain attached to a sequence id runs on every output row of that sequence, and on a
   dummy row in every decode where the sequence has none. So only ids below `chained` (the
   largest `n`) carry one, attached once when the context is made (an attach makes

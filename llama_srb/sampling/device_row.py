@@ -36,8 +36,9 @@ def sort_candidates(
 ) -> tuple[Ids, npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
     """Rows of candidates (one row of `ids`/`values` each) in the order the host path
     reads a cut: most likely first, lower ids first among equals; and whether each row
-    holds any of the ids `marked`. llama.cpp leaves them in no order (its CPU top_k swaps
-    the first two on purpose), so every row is sorted, all in one C call
+    holds any of the ids `marked`. llama.cpp leaves them in no order (its top_k swaps the
+    first two on purpose; llama_srb/_cpu_cut.c's are in order already), so every row is
+    sorted, all in one C call
     (sampling/_rows.c): numpy's sorts of each row cost more than its sampling."""
     ids = np.ascontiguousarray(ids, np.int32)
     values = np.ascontiguousarray(values, np.float32)

@@ -1,6 +1,7 @@
-"""Backend sampling (--backend-sampling) on both bundled models' real rows: llama.cpp's own
-top_k(64) chain, attached to the sequences and run inside llama_decode, leaves the 64 most
-likely tokens of each row; every sampler and order of test_sampling_paths.py's cases either
+"""Backend sampling (--backend-sampling) on both bundled models' real rows: a top_k(64)
+chain attached to the sequences and run inside llama_decode (llama.cpp's own, and
+llama_srb/_cpu_cut.c's, which a CPU runs) leaves the 64 most likely tokens of each row;
+every sampler and order of test_sampling_paths.py's cases either
 takes the host path (the device cannot decide it: the table in docs/sampling.md) or picks
 from those candidates the token the whole row gives it, seeded draws included, or says it
 cannot (then it reads the whole row). The rows and the candidates come from the same
@@ -66,15 +67,24 @@ HOST_PATH = {
 @dataclass
 class DecodedRows:
     model: Model
+    cpu_cut: bool
     whole: list[npt.NDArray[np.float32]]  # step-major, N rows a step
     candidates: list[tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]]
 
 
-@pytest.fixture(scope="module")
-def decoded(bundled_model: str) -> Iterator[DecodedRows]:
+CUTS = {"llama.cpp's top_k": False, "the CPU's cut": True}  # ContextOptions.cpu_cut
+
+
+@pytest.fixture(scope="module", params=list(CUTS))
+def decoded(bundled_model: str, request: pytest.FixtureRequest) -> Iterator[DecodedRows]:
     model = Model(bundled_model_path(bundled_model))
     options = ContextOptions(
-        n_ctx=1024, n_seq_max=N + 1, n_batch=256, device_top_k=DEVICE_TOP_K, chained=N
+        n_ctx=1024,
+        n_seq_max=N + 1,
+        n_batch=256,
+        device_top_k=DEVICE_TOP_K,
+        chained=N,
+        cpu_cut=CUTS[request.param],
     )
     ctx = Context(model, options)
     tokens = model.tokenize(STORY)
@@ -98,20 +108,27 @@ def decoded(bundled_model: str) -> Iterator[DecodedRows]:
         for i in range(N):
             whole.append(logits[i].copy())
             candidates.append((ids[i], values[i]))
-    yield DecodedRows(model, whole, candidates)
+    yield DecodedRows(model, options.cpu_cut, whole, candidates)
     batch.close()
     ctx.close()
     model.close()
 
 
-def test_candidates_are_read_by_output_row(bundled_model: str) -> None:
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_candidates_are_read_by_output_row(bundled_model: str, cut: str) -> None:
     """Output rows are numbered as `Batch.add` numbers them, which is not the batch's
     token index once a token without logits comes before one with: llama.cpp's `_ith`
     calls take the latter, so each row must be the one asked for (a prompt's last row
-    after its other tokens, in one call with a decode row of another sequence)."""
+    after its other tokens, in one call with a decode row of another sequence, and a
+    chained sequence with no row in it, whose chain llama.cpp runs on another's row)."""
     model = Model(bundled_model_path(bundled_model))
     options = ContextOptions(
-        n_ctx=256, n_seq_max=3, n_batch=64, device_top_k=DEVICE_TOP_K, chained=2
+        n_ctx=256,
+        n_seq_max=4,
+        n_batch=64,
+        device_top_k=DEVICE_TOP_K,
+        chained=3,
+        cpu_cut=CUTS[cut],
     )
     ctx = Context(model, options)
     batch = Batch(64)
@@ -123,7 +140,7 @@ def test_candidates_are_read_by_output_row(bundled_model: str) -> None:
         rows = [
             batch.add(tokens[4], 4, 1, True),  # a decode row
             batch.add_span(tokens[:12], 0, 0, True),  # a prompt: its last row, 11 tokens on
-            batch.add(tokens[0], 0, 2, True),  # no chain: llama.cpp copies every row out
+            batch.add(tokens[0], 0, 3, True),  # no chain: llama.cpp copies every row out
         ]
         ctx.decode(batch)
         assert rows == [0, 1, 2]
@@ -144,6 +161,9 @@ def test_the_device_s_candidates_are_each_row_s_64_most_likely(decoded: DecodedR
         assert values.tolist() == row[ids].tolist()  # the row's own logits, not rescaled
         assert len(set(ids.tolist())) == DEVICE_TOP_K
         assert values.min() >= np.sort(row)[-DEVICE_TOP_K]  # none left out above them
+        ranked, _, _ = sort_candidates(ids[None], values[None])
+        if decoded.cpu_cut:  # in the host's order already: its sort only reads them
+            assert ids.tolist() == ranked[0].tolist()
 
 
 CASES_AND_GREEDY: dict[str, dict[str, object]] = {
@@ -239,11 +259,19 @@ def test_a_chain_the_candidates_fail_reads_whole_rows_for_a_while(decoded: Decod
     sampler.close()
 
 
-def engine_tokens(model: Model, on: bool, body: dict[str, Any]) -> tuple[list[list[int]], Engine]:
+def engine_tokens(
+    model: Model, cut: str | None, body: dict[str, Any]
+) -> tuple[list[list[int]], Engine]:
+    """`cut`: one of CUTS, or None for backend sampling off."""
     budget = KvBudget(N, 2048, cache_paths=2, cache_cells=0)
-    k = DEVICE_TOP_K if on else 0
+    k = DEVICE_TOP_K if cut else 0
     options = ContextOptions(
-        n_ctx=2048, n_seq_max=budget.n_seq + on, n_batch=256, device_top_k=k, chained=N
+        n_ctx=2048,
+        n_seq_max=budget.n_seq + bool(cut),
+        n_batch=256,
+        device_top_k=k,
+        chained=N,
+        cpu_cut=bool(cut and CUTS[cut]),
     )
     ctx = Context(model, options)
     engine = Engine(model, ctx, budget, device_top_k=k, chained=N)
@@ -261,6 +289,7 @@ def engine_tokens(model: Model, on: bool, body: dict[str, Any]) -> tuple[list[li
     return [tokens[i] for i in range(N)], engine
 
 
+@pytest.mark.parametrize("cut", list(CUTS))
 @pytest.mark.parametrize(
     "body",
     [
@@ -271,14 +300,14 @@ def engine_tokens(model: Model, on: bool, body: dict[str, Any]) -> tuple[list[li
     ],
 )
 def test_the_engine_with_it_on_draws_what_it_draws_with_it_off(
-    bundled_model: str, body: dict[str, Any]
+    bundled_model: str, body: dict[str, Any], cut: str
 ) -> None:
     """The same batches either way (rows that all carry the chain need no scratch token),
     so the same logits: only what the host reads of them differs."""
     model = Model(bundled_model_path(bundled_model))
     try:
-        off, _ = engine_tokens(model, False, body)
-        on, engine = engine_tokens(model, True, body)
+        off, _ = engine_tokens(model, None, body)
+        on, engine = engine_tokens(model, cut, body)
     finally:
         model.close()
     assert on == off
