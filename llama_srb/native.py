@@ -501,6 +501,15 @@ class Context:
         """The candidates the sequences' chains left on output rows `rows` (ascending,
         each of a sequence with a chain: engine/device_cut.py), at most k a row, one row
         of the matrices each, as llama.cpp left them: ids and logits."""
+        ids, logits, count = self.candidate_buffers(rows, k)
+        return ids[rows, :count], logits[rows, :count]
+
+    def candidate_buffers(
+        self, rows: Sequence[int], k: int
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], int]:
+        """llama.cpp's buffers of the candidates on output rows `rows` (as `candidates`),
+        one row for each output row of the last decode, and how many of each row's first
+        are those of `rows` (at most k): views, for a reader that reads just those."""
         # llama.cpp's *_ith take a token's index in the batch, or a negative one that
         # counts output rows back from the last (as ours are numbered)
         ptr, n_outputs = self.ptr, self._n_outputs
@@ -508,9 +517,9 @@ class Context:
         count = min(C.llama_get_sampled_candidates_count_ith(ptr, lo), k)
         if not count or C.llama_get_sampled_candidates_count_ith(ptr, hi) != count:
             raise NativeError("backend sampling: a row has no candidates")
-        # One read of them all: llama.cpp keeps a row's candidates and their logits at
-        # row * n_vocab in one buffer each (llama-context.cpp), checked at both ends.
-        stride, read = self.model.n_vocab, []
+        # llama.cpp keeps a row's candidates and their logits at row * n_vocab in one
+        # buffer each (llama-context.cpp), checked at both ends.
+        stride, whole = self.model.n_vocab, []
         for ith, kind in (
             (_sampled_candidates_at, ctypes.c_int32),
             (_sampled_logits_at, ctypes.c_float),
@@ -518,9 +527,8 @@ class Context:
             first, last = ith(ptr, lo) or 0, ith(ptr, hi) or 0
             if not first or last - first != 4 * stride * (rows[-1] - rows[0]):
                 raise NativeError("backend sampling: llama.cpp's candidates are not in one buffer")
-            whole = self._views.of(first - 4 * stride * rows[0], kind, n_outputs, stride)
-            read.append(whole[rows, :count])
-        return read[0], read[1]
+            whole.append(self._views.of(first - 4 * stride * rows[0], kind, n_outputs, stride))
+        return whole[0], whole[1], count
 
     def warm_up(self, token: int) -> None:
         """One throwaway decode, so the first request does not pay for page faults and

@@ -45,13 +45,14 @@ class DecodeContext(Protocol):
         writable in place."""
         ...
 
-    def candidates(
+    def candidate_buffers(
         self, rows: Sequence[int], k: int
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], int]:
         """Output rows' candidates from their sequences' device chains (backend sampling:
-        engine/device_cut.py; rows ascending, each with a chain), at most k a row: ids
-        and logits, a row of each per row asked, in any order (raises NativeError when a
-        row has none)."""
+        engine/device_cut.py; rows ascending, each with a chain): a matrix of ids and one
+        of logits with a row per output row, and how many of the first of each row are
+        the candidates (at most k), in any order (raises NativeError when a row of `rows`
+        has none)."""
         ...
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...

@@ -42,7 +42,7 @@ from llama_srb.native import SAMPLER_ACCEPT, SAMPLER_APPLY, Batch
 from llama_srb.sampling import _rows
 from llama_srb.sampling.branch import DevicePick
 from llama_srb.sampling.cut import Ids
-from llama_srb.sampling.device_row import DeviceRow, sort_candidates
+from llama_srb.sampling.device_row import DeviceRow
 
 NO_IDS = np.empty((0, 0), np.int64)
 NO_VALUES = np.empty((0, 0), np.float32)
@@ -112,6 +112,9 @@ class DeviceCut:
         self.complete = n_vocab <= k
         self._eog = np.array(eog_tokens, np.int64)
         self._one = Batch(1)
+        # _buffers' room, flat
+        self._ids, self._values = np.empty(0, np.int64), np.empty(0, np.float32)
+        self._holds = NO_FLAGS
 
     def close(self) -> None:
         self._one.close()
@@ -185,12 +188,26 @@ class DeviceCut:
         if not rows.device:
             return
         at = list(rows.device)  # ascending: the decode rows, then the prompts' last
-        # the call's rows ordered, and checked for end of generation, at once
-        rows.ids, rows.values, rows.holds_eog = sort_candidates(
-            *self.ctx.candidates(at, self.k), self._eog
-        )
+        # the call's rows ordered, and checked for end of generation, at once, read where
+        # llama.cpp left them into the stage's buffers (numpy's gather and allocations
+        # cost as much as the sort, right after a decode)
+        ids, logits, count = self.ctx.candidate_buffers(at, self.k)
+        rows.ids, rows.values, rows.holds_eog = out = self._buffers(len(at), count)
+        _rows.sort_candidates(ids, logits, ids.shape[1], at, count, self._eog, *out)
         rows.slots = {i: slot for slot, i in enumerate(at)}
         self.stats.device_rows += len(at)
+
+    def _buffers(
+        self, m: int, k: int
+    ) -> tuple[Ids, npt.NDArray[np.float32], npt.NDArray[np.bool_]]:
+        """Room for m rows of k sorted candidates, kept from call to call: a call's rows
+        are read before the next call's are (Engine._run)."""
+        if len(self._holds) < m:
+            self._ids = np.empty(m * self.k, np.int64)
+            self._values = np.empty(m * self.k, np.float32)
+            self._holds = np.empty(m, np.bool_)
+        n = m * k  # rows of k, contiguous
+        return self._ids[:n].reshape(m, k), self._values[:n].reshape(m, k), self._holds[:m]
 
     def row(self, rows: CallRows, i: int) -> DeviceRow | None:
         """Row i's candidates, when it was read as such."""

@@ -14,7 +14,8 @@
    mask_row's loops over a word of 32 tokens, a word of allowed and refused tokens in the
    AVX2 and AVX-512 clones only (the baseline, SSE2, has no blend); a word across a grid
    row's end is read one token at a time.
-   sort_candidates: backend sampling's candidates, each row in the host path's order.
+   sort_candidates: backend sampling's candidates, each row in the host path's order, read
+   from the rows llama.cpp left them in.
    pick_candidates: the picks a call's branches make from their rows' candidates, each
    branch's llama.cpp chain run over them by its function pointers.
    top_k and head are heaps, one item at a time: scalar (head's first test sums its values
@@ -175,19 +176,22 @@ static float head_of(const float *restrict x, Py_ssize_t n, float top, float sca
     }
 }
 
-/* Each row of k candidates (ids, logits) in the order the host path reads a cut: most
-   likely first, lower ids first among equals (-0.0 equals 0.0, as floats compare), and
-   whether the row holds any of the n_marked ids `marked` (the model's end of
-   generation). An insertion sort of positions: llama.cpp's CPU top_k leaves a row sorted
-   but for its first two, a few moves; any order is at most k * k / 2 compares a row. */
+/* Rows `rows` of the candidates (ids, logits; `stride` apart, the first k of each) in
+   the order the host path reads a cut: most likely first, lower ids first among equals
+   (-0.0 equals 0.0, as floats compare), and whether each row holds any of the n_marked
+   ids `marked` (the model's end of generation). Read where llama.cpp left them: a
+   numpy gather of them first costs more than this, right after a decode. An insertion
+   sort of positions: llama.cpp's CPU top_k leaves a row sorted but for its first two, a
+   few moves; any order is at most k * k / 2 compares a row. */
 static void sort_candidates_of(const int32_t *restrict ids, const float *restrict values,
+                               Py_ssize_t stride, const Py_ssize_t *restrict rows,
                                Py_ssize_t m, Py_ssize_t k, const int64_t *restrict marked,
                                Py_ssize_t n_marked, int64_t *restrict out_ids,
                                float *restrict out_values, uint8_t *restrict holds,
                                Py_ssize_t *restrict order) {
     for (Py_ssize_t row = 0; row < m; row++) {
-        const int32_t *id = ids + row * k;
-        const float *value = values + row * k;
+        const int32_t *id = ids + rows[row] * stride;
+        const float *value = values + rows[row] * stride;
         uint8_t held = 0;
         for (Py_ssize_t i = 0; i < k; i++) {
             for (Py_ssize_t j = 0; j < n_marked; j++) held |= id[i] == marked[j];
@@ -387,11 +391,11 @@ static PyObject *sort_candidates(PyObject *self, PyObject *args) {
     static const char *formats[N] = {"i", "f", "lq", "lq", "f", "?"};
     static const char *names[N] = {"ids", "values", "marked", "out_ids", "out_values", "holds"};
     static const Py_ssize_t sizes[N] = {4, 4, 8, 8, 4, 1};
-    PyObject *objects[N];
-    Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "OOnOOOO", &objects[IDS], &objects[VALUES], &k,
-                          &objects[MARKED], &objects[OUT_IDS], &objects[OUT_VALUES],
-                          &objects[HOLDS]))
+    PyObject *objects[N], *rows_list;
+    Py_ssize_t stride, k;
+    if (!PyArg_ParseTuple(args, "OOnO!nOOOO", &objects[IDS], &objects[VALUES], &stride,
+                          &PyList_Type, &rows_list, &k, &objects[MARKED], &objects[OUT_IDS],
+                          &objects[OUT_VALUES], &objects[HOLDS]))
         return NULL;
     Py_buffer buffers[N];
     int held = 0;
@@ -400,21 +404,34 @@ static PyObject *sort_candidates(PyObject *self, PyObject *args) {
                    names[held]))
             break;
     if (held == N) {
-        Py_ssize_t n = buffers[IDS].len / 4, m = k > 0 ? n / k : 0;
+        Py_ssize_t n = buffers[IDS].len / 4, m = PyList_GET_SIZE(rows_list);
+        Py_ssize_t n_rows = stride > 0 ? n / stride : 0;
         Py_ssize_t *order = k > 0 ? PyMem_Malloc(k * sizeof(Py_ssize_t)) : NULL;
-        if (k <= 0 || n % k)
-            PyErr_SetString(PyExc_ValueError, "k: not a row length of ids");
-        else if (buffers[VALUES].len / 4 != n || buffers[OUT_IDS].len / 8 != n ||
-                 buffers[OUT_VALUES].len / 4 != n || buffers[HOLDS].len != m)
+        Py_ssize_t *rows = PyMem_Malloc((m ? m : 1) * sizeof(Py_ssize_t));
+        for (Py_ssize_t i = 0; rows && i < m; i++) {
+            rows[i] = PyLong_AsSsize_t(PyList_GET_ITEM(rows_list, i));
+            if (rows[i] < 0 || rows[i] >= n_rows) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "rows: not rows of ids");
+                break;
+            }
+        }
+        if (PyErr_Occurred())
+            ;
+        else if (k <= 0 || k > stride || n % stride)
+            PyErr_SetString(PyExc_ValueError, "k, stride: not a row length of ids");
+        else if (buffers[VALUES].len / 4 != n || buffers[OUT_IDS].len / 8 != m * k ||
+                 buffers[OUT_VALUES].len / 4 != m * k || buffers[HOLDS].len != m)
             PyErr_SetString(PyExc_ValueError,
-                            "values, out_ids, out_values, holds: not shaped as ids");
-        else if (!order)
+                            "values, out_ids, out_values, holds: not shaped as ids, rows, k");
+        else if (!order || !rows)
             PyErr_NoMemory();
         else
-            sort_candidates_of(buffers[IDS].buf, buffers[VALUES].buf, m, k, buffers[MARKED].buf,
-                               buffers[MARKED].len / 8, buffers[OUT_IDS].buf,
-                               buffers[OUT_VALUES].buf, buffers[HOLDS].buf, order);
+            sort_candidates_of(buffers[IDS].buf, buffers[VALUES].buf, stride, rows, m, k,
+                               buffers[MARKED].buf, buffers[MARKED].len / 8,
+                               buffers[OUT_IDS].buf, buffers[OUT_VALUES].buf,
+                               buffers[HOLDS].buf, order);
         PyMem_Free(order);
+        PyMem_Free(rows);
     }
     while (held-- > 0) PyBuffer_Release(&buffers[held]);
     return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
@@ -503,9 +520,10 @@ static PyMethodDef methods[] = {
      "maximum) at which their weights exp(scale * (value - top)), largest first, add up to "
      "`target`; the least finite value when they add up to less, -inf when none is finite."},
     {"sort_candidates", sort_candidates, METH_VARARGS,
-     "sort_candidates(ids, values, k, marked, out_ids, out_values, holds): each row of k "
-     "int32 `ids` and float32 `values`, most likely first and lower ids first among equals, "
-     "into the int64 `out_ids` and float32 `out_values`; `holds`: the bool of each row, "
+     "sort_candidates(ids, values, stride, rows, k, marked, out_ids, out_values, holds): "
+     "the first k of each row in the list `rows` of the int32 `ids` and float32 `values` "
+     "(rows `stride` long), most likely first and lower ids first among equals, into the "
+     "int64 `out_ids` and float32 `out_values` (a row of k each); `holds`: the bool of each, "
      "whether it holds any of the int64 ids `marked`."},
     {"pick_candidates", pick_candidates, METH_VARARGS,
      "pick_candidates(ids, values, k, holds, eog, complete, apply, accept, work) -> list: "

@@ -6,7 +6,15 @@ def mask_row(row: Any, mask: Any, colmax: Any) -> None: ...
 def top_k(values: Any, out: Any) -> None: ...
 def head(values: Any, top: float, scale: float, target: float) -> float: ...
 def sort_candidates(
-    ids: Any, values: Any, k: int, marked: Any, out_ids: Any, out_values: Any, holds: Any
+    ids: Any,
+    values: Any,
+    stride: int,
+    rows: list[int],
+    k: int,
+    marked: Any,
+    out_ids: Any,
+    out_values: Any,
+    holds: Any,
 ) -> None: ...
 def pick_candidates(
     ids: Any,

@@ -38,14 +38,17 @@ def sort_candidates(
     reads a cut: most likely first, lower ids first among equals; and whether each row
     holds any of the ids `marked`. llama.cpp leaves them in no order (its top_k swaps the
     first two on purpose; llama_srb/_cpu_cut.c's are in order already), so every row is
-    sorted, all in one C call
-    (sampling/_rows.c): numpy's sorts of each row cost more than its sampling."""
+    sorted, all in one C call (sampling/_rows.c): numpy's sorts of each row cost more
+    than its sampling. (The engine's call reads them in llama.cpp's buffers:
+    DeviceCut.read.)"""
     ids = np.ascontiguousarray(ids, np.int32)
     values = np.ascontiguousarray(values, np.float32)
     out_ids, out_values = np.empty(ids.shape, np.int64), np.empty(values.shape, np.float32)
     holds = np.empty(ids.shape[:-1], np.bool_)
     marked = np.ascontiguousarray(marked, np.int64)
-    _rows.sort_candidates(ids, values, ids.shape[-1], marked, out_ids, out_values, holds)
+    k = ids.shape[-1]
+    rows = list(range(len(holds)))
+    _rows.sort_candidates(ids, values, k, rows, k, marked, out_ids, out_values, holds)
     return out_ids, out_values, holds
 
 

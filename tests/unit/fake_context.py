@@ -200,15 +200,20 @@ class FakeContext:
         self.whole_decodes += chainless and bool(self.rows)
         self.decoded += n
 
-    def candidates(
+    def candidate_buffers(
         self, rows: Sequence[int], k: int
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32]]:
-        cuts = [self.cut[i] for i in rows]
-        if any(cut is None for cut in cuts):
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.float32], int]:
+        if any(self.cut[i] is None for i in rows):
             raise NativeError("backend sampling: a row has no candidates")
-        ids = np.stack([cut[0][:k] for cut in cuts if cut is not None]).astype(np.int32)
-        values = np.stack([cut[1][:k] for cut in cuts if cut is not None])
-        return ids, values
+        # as llama.cpp's buffers: a row of n_vocab per output row, its candidates first
+        # (a row without a chain is left 0)
+        ids = np.zeros((len(self.cut), N_VOCAB), np.int32)
+        values = np.zeros((len(self.cut), N_VOCAB), np.float32)
+        width = min(self.device_top_k, N_VOCAB)
+        for i, cut in enumerate(self.cut):
+            if cut is not None:
+                ids[i, :width], values[i, :width] = cut
+        return ids, values, min(k, width)
 
     def logits(self) -> npt.NDArray[np.float32]:
         if self._logits is None:  # one writable matrix per decode, as llama.cpp's buffer

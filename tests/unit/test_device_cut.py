@@ -156,10 +156,27 @@ def test_a_call_s_candidates_are_sorted_as_the_host_path_reads_a_cut(seed: int) 
         assert got_ids[row].tolist() == ids[row][order].tolist()
         assert got_values[row].tolist() == values[row][order].tolist()
     assert got_ids.dtype == np.int64 and got_values.dtype == np.float32
-    with pytest.raises(ValueError, match="row length"):  # the C loop checks its shapes
-        _rows.sort_candidates(
-            ids, values, 5, marked, np.empty(ids.shape, np.int64), values.copy(), holds
-        )
+    # read where llama.cpp leaves them (DeviceCut.read): rows of a buffer, the first k of each
+    rows = [6, 1, 3]
+    some_ids, some_values = np.empty((3, 40), np.int64), np.empty((3, 40), np.float32)
+    some_holds = np.empty(3, np.bool_)
+    _rows.sort_candidates(ids, values, 64, rows, 40, marked, some_ids, some_values, some_holds)
+    for at, row in enumerate(rows):
+        order = np.lexsort((ids[row, :40], -values[row, :40]))
+        assert some_ids[at].tolist() == ids[row, :40][order].tolist()
+        assert some_values[at].tolist() == values[row, :40][order].tolist()
+    assert some_holds.tolist() == [np.isin(marked, ids[row, :40]).any() for row in rows]
+    # the C loop checks its shapes and rows
+    out = (np.empty((1, 64), np.int64), np.empty((1, 64), np.float32), np.empty(1, np.bool_))
+    for stride, at, k, refusal in (
+        (5, 0, 5, "row length"),
+        (64, 0, 65, "row length"),
+        (64, 8, 64, "rows"),
+        (64, -1, 64, "rows"),
+        (64, 0, 32, "shaped"),
+    ):
+        with pytest.raises(ValueError, match=refusal):
+            _rows.sort_candidates(ids, values, stride, [at], k, marked, *out)
 
 
 def test_only_rows_holding_end_of_generation_are_masked_and_all_pick_the_same(
