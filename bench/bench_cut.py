@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_cut.py [--repeat 20] [--model gemma-3-270m]
 
-The rows are bench_host's recording: one real llama_decode of a story, its 64 logit rows
+The rows are bench_host's recording: one real llama_decode of a story, its 65 logit rows
 (262,144 wide for the default model). Each operation runs on a fresh Row of every row in
 turn, its column maxima read just before (warm, as the engine reads a row just before its
 branches sample), except `column maxima, cold`, which first streams every other row

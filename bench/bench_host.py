@@ -1,8 +1,9 @@
 """Host time per branch per step: the engine over a context whose decode costs nothing.
 
-The context holds real logit rows (one real llama_decode of a story, every row kept: 64
-rows 262,144 wide for the default model), and its `decode` only puts them back, the next
-ones in turn: every n samples the same 64 rows over a run, not only the story's first n
+The context holds real logit rows (one real llama_decode of a story, every row kept: 65
+rows 262,144 wide for the default model: 64 branches and backend sampling's scratch
+token), and its `decode` only puts them back, the next ones in turn: every n samples the
+same 65 rows over a run, not only the story's first n
 (the first ones are the flattest: a model that has read one word is least sure). A step's
 time outside it is all host work: sampling, text, stop strings, deltas, the step's bookkeeping. That
 is what a GPU exposes, where a decode step of 8-64 branches takes a few milliseconds.
@@ -72,8 +73,9 @@ class FreeDecode:
 
     def __init__(self, model: Model, flush_bytes: int = 0) -> None:
         self.real = Context(model, context_options(device=False))
-        tokens = model.tokenize(STORY * 4)[:ROWS]
-        batch = Batch(ROWS)
+        # a row more than branches: backend sampling's scratch token has one
+        tokens = model.tokenize(STORY * 4)[: ROWS + 1]
+        batch = Batch(len(tokens))
         batch.add_span(tokens, 0, 0, True, logits_all=True)
         self.real.decode(batch)
         batch.close()
@@ -93,12 +95,13 @@ class FreeDecode:
         return getattr(self.real, name)
 
     def decode(self, batch: Batch) -> None:
-        assert batch.n_outputs <= ROWS, f"at most {ROWS} rows of logits"
+        recorded = len(self.recorded)
+        assert batch.n_outputs <= recorded, f"at most {recorded} rows of logits"
         float(self._weights.sum())  # through the caches, as the weights would go
         self.real._n_outputs = n = batch.n_outputs  # what a real decode would have made
-        self._rows = rows = (self._next + np.arange(n)) % ROWS
+        self._rows = rows = (self._next + np.arange(n)) % recorded
         np.take(self.recorded, rows, axis=0, out=self.real.logits())
-        self._next = (self._next + n) % ROWS
+        self._next = (self._next + n) % recorded
 
     def candidate_buffers(
         self, rows: Sequence[int], k: int
