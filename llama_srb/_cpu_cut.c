@@ -320,11 +320,10 @@ static PyObject *sampler(PyObject *self, PyObject *args) {
 static int items(PyObject *object, Py_buffer *buffer, char format, int writable) {
     int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
     if (PyObject_GetBuffer(object, buffer, flags) < 0) return 0;
-    const char *given = buffer->format ? buffer->format : "B";
+    const char *named = buffer->format ? buffer->format : "B", *given = named;
     if (*given == '@' || *given == '=' || (*given == '<' && PY_LITTLE_ENDIAN)) given++;
     if (given[0] == format && !given[1] && buffer->itemsize == 4) return 1;
-    PyErr_Format(PyExc_TypeError, "want a contiguous buffer of '%c', not '%s'", format,
-                 buffer->format);
+    PyErr_Format(PyExc_TypeError, "want a contiguous buffer of '%c', not '%s'", format, named);
     PyBuffer_Release(buffer);
     return 0;
 }

@@ -52,6 +52,11 @@ class LiveCall:
             index = choice_index(position, self.n, delta.index)
             self.choices.setdefault(index, ChoiceSoFar(index)).add(delta)
 
+    def refilled(self, index: int) -> None:
+        """A refill goes on under `index`: a choice to act on before its first token."""
+        self.refills += 1
+        self.choices.setdefault(index, ChoiceSoFar(index))
+
     def locate(self, index: int) -> tuple[int, int]:
         """Choice `index` as (prompt position, the engine's branch index), or a 404."""
         if index < 0 or (index >= len(self.specs) * self.n and index not in self.choices):

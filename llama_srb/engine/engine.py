@@ -292,6 +292,8 @@ class Engine:
             self._apply(drew.rewinds)
             for request, error in drew.broken:
                 failed += self.fail([request], error, refused=True)
+            for request, error in drew.failed.values():
+                failed += self.fail([request], error)
             progress += [self._progress(c) for c in call.prefill if not c.completes_prompt]
         self.stats.steps += 1
         n_prefill = plan.n_tokens - len(plan.decode)

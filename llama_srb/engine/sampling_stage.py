@@ -21,6 +21,7 @@ those tokens on. Every row read is counted (`EngineStats.logits_bytes_read`, on
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,8 @@ from llama_srb.sampling.device_row import DeviceRow, Undecided
 from llama_srb.sampling.logprobs import RowScores
 from llama_srb.sampling.masks import Bitmask
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class CallSample:
@@ -48,12 +51,20 @@ class CallSample:
     branch kept this step, by id(branch) (none for a branch that ended, or that a rewind
     took back to a token it decodes again first). `rewinds`: the KV changes the branches'
     rewinds need, in order. `broken`: the requests whose grammar went past a limit of its
-    work per token (none of their branches sampled), with the error to end them with."""
+    work per token (none of their branches sampled), with the error to end them with.
+    `failed`: the requests one of whose branches could not sample (an error of the
+    server's, which ends that request alone), by id(request), with theirs."""
 
     deltas: list[tuple[Request, ChoiceDelta]] = field(default_factory=list)
     rewinds: list[KvOp] = field(default_factory=list)
     broken: list[tuple[Request, str]] = field(default_factory=list)
     drawn: dict[int, int] = field(default_factory=dict)
+    failed: dict[int, tuple[Request, str]] = field(default_factory=dict)
+
+    def fail(self, request: Request, error: str) -> None:
+        """The request ends with `error`: what its branches drew this call goes."""
+        self.failed[id(request)] = (request, error)
+        self.deltas = [(r, delta) for r, delta in self.deltas if r is not request]
 
 
 class SamplingStage:
@@ -148,14 +159,22 @@ class SamplingStage:
     ) -> None:
         """`where`: the call's rows, its logits and the row's index, for a pick the
         device's candidates cannot prove (it reads the whole row then). `picked`: the
-        branch's token, drawn from its candidates in DeviceCut.pick's C loop."""
+        branch's token, drawn from its candidates in DeviceCut.pick's C loop. A branch
+        that cannot sample (a bug, a row of NaN) ends its request, not the others."""
+        if id(request) in out.failed:
+            return
         mask = masks.get(id(branch))
         try:
-            delta, ops = self.step.next(request, branch, row, scores, taken, mask, picked)
-        except Undecided:
-            assert self.device is not None
-            whole = self._whole(self.device.whole_row(*where))
-            delta, ops = self.step.next(request, branch, whole, scores, taken, mask)
+            try:
+                delta, ops = self.step.next(request, branch, row, scores, taken, mask, picked)
+            except Undecided:
+                assert self.device is not None
+                whole = self._whole(self.device.whole_row(*where))
+                delta, ops = self.step.next(request, branch, whole, scores, taken, mask)
+        except Exception as exc:
+            log.exception("request %s: sampling failed", request.request_id)
+            out.fail(request, f"sampling failed: {type(exc).__name__}: {exc}")
+            return
         out.deltas.append((request, delta))
         out.rewinds.extend(ops)
         if delta.newest_has_no_cell:  # it kept a token, decoded in the next call

@@ -442,35 +442,44 @@ static PyObject *pick_candidates(PyObject *self, PyObject *args) {
     static const char *formats[N] = {"lq", "f", "?", "lq"};
     static const char *names[N] = {"ids", "values", "holds", "eog"};
     static const Py_ssize_t sizes[N] = {8, 4, 1, 8};
-    PyObject *objects[N], *work;
+    PyObject *objects[N], *list;
     Py_ssize_t k;
     int complete;
     unsigned long long apply, accept;
     if (!PyArg_ParseTuple(args, "OOnOOpKKO!", &objects[IDS], &objects[VALUES], &k,
                           &objects[HOLDS], &objects[EOG], &complete, &apply, &accept,
-                          &PyList_Type, &work))
+                          &PyList_Type, &list))
+        return NULL;
+    /* a tuple of the work: parsing an item may run Python code (__index__), which must
+       not change what is read */
+    PyObject *work = PyList_AsTuple(list);
+    if (!work)
         return NULL;
     Py_buffer buffers[N];
     int held = 0;
     for (; held < N; held++)
         if (!items(objects[held], &buffers[held], formats[held], sizes[held], 0, names[held]))
             break;
-    Py_ssize_t m = PyList_GET_SIZE(work), rows = buffers[HOLDS].len;
-    pick_item *picks = held == N ? PyMem_Malloc((m ? m : 1) * sizeof(pick_item)) : NULL;
-    token_data *data = held == N && k > 0 ? PyMem_Malloc(k * sizeof(token_data)) : NULL;
-    int64_t *tokens = held == N ? PyMem_Malloc((m ? m : 1) * sizeof(int64_t)) : NULL;
+    Py_ssize_t m = PyTuple_GET_SIZE(work), rows = held == N ? buffers[HOLDS].len : 0;
+    Py_ssize_t n_ids = held == N ? buffers[IDS].len / 8 : 0;
+    /* k candidates a row of holds, checked by division: no product to overflow */
+    int shaped = held == N && k > 0 && n_ids % k == 0 && n_ids / k == rows &&
+                 buffers[VALUES].len / 4 == n_ids;
+    pick_item *picks = shaped ? PyMem_Malloc((m ? m : 1) * sizeof(pick_item)) : NULL;
+    token_data *data = shaped ? PyMem_Malloc(k * sizeof(token_data)) : NULL;
+    int64_t *tokens = shaped ? PyMem_Malloc((m ? m : 1) * sizeof(int64_t)) : NULL;
     PyObject *out = NULL;
     if (held < N)
         ;
+    else if (!shaped)
+        PyErr_SetString(PyExc_ValueError, "ids, values: not k candidates a row of holds");
     else if (!picks || !data || !tokens)
         PyErr_NoMemory();
-    else if (buffers[IDS].len / 8 != rows * k || buffers[VALUES].len / 4 != rows * k)
-        PyErr_SetString(PyExc_ValueError, "ids, values: not k candidates a row of holds");
     else {
         Py_ssize_t i = 0;
         for (; i < m; i++) { /* (slot, mask_eog, (chain, kind, top_k, scale, log_min_p)) */
             pick_item *item = &picks[i];
-            if (!PyArg_ParseTuple(PyList_GET_ITEM(work, i), "np(Kiidd)", &item->slot,
+            if (!PyArg_ParseTuple(PyTuple_GET_ITEM(work, i), "np(Kiidd)", &item->slot,
                                   &item->mask_eog, &item->chain, &item->kind, &item->top_k,
                                   &item->scale, &item->log_min_p))
                 break;
@@ -502,6 +511,7 @@ static PyObject *pick_candidates(PyObject *self, PyObject *args) {
     PyMem_Free(data);
     PyMem_Free(tokens);
     while (held-- > 0) PyBuffer_Release(&buffers[held]);
+    Py_DECREF(work);
     return out;
 }
 

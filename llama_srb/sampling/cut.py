@@ -52,6 +52,8 @@ KEYED_SORT = 1024
 # the peaks' pairwise sum is below 1e-6: the normalizer's bounds are widened by ten times
 # that, so they stay bounds.
 MASS_ROUNDING = 1e-5
+# Rounds of 256 tries for a draw: a finite row's fail all with probability (63/64)**2048.
+DRAW_ROUNDS = 8
 
 
 @functools.lru_cache(maxsize=8)
@@ -213,9 +215,11 @@ class Row:
 
     def draw(self, scale: float, rng: np.random.Generator) -> int:
         """A token drawn from softmax(scale * logits) over the whole vocabulary, exactly:
-        rejection sampling, each column's maximum its envelope."""
+        rejection sampling, each column's maximum its envelope. Each try accepts with
+        probability 1/64 at the least, so a row none of whose tries is accepted has no
+        weights to draw from (inf or NaN logits): ValueError."""
         weights = np.cumsum(np.exp((self.colmax.astype(np.float64) - self.max) * scale))
-        while True:
+        for _ in range(DRAW_ROUNDS):
             cols = np.searchsorted(weights, rng.random(256) * weights[-1], side="right")
             cols = np.minimum(cols, self.n_cols - 1)
             rows = rng.integers(0, len(self.grid), len(cols))
@@ -224,6 +228,7 @@ class Row:
             if len(accepted):
                 first = accepted[0]
                 return int(rows[first]) * self.n_cols + int(cols[first])
+        raise ValueError(f"no token to draw: the row's weights are not finite (max {self.max})")
 
 
 def top_p(

@@ -28,6 +28,9 @@ INT32_MAX = 2**31 - 1  # the C type of every integer parameter but the seed
 # Banned phrases are looked for in every branch's held-back text on each token.
 MAX_BANNED_STRINGS = 128
 MAX_BANNED_CHARS = 256
+# A temperature and a repeat penalty divide logits (llama.cpp's, in float32): a divisor
+# near 0 makes them inf, and the row's weights NaN.
+SMALLEST_DIVISOR = 1e-6
 
 # What `choices_params` may set per branch: the sampler chain's own settings. Lengths,
 # stops, grammar, seed and logprobs stay request-wide (they size the KV reservation, shape
@@ -121,11 +124,17 @@ class SamplingParams:
         _check_range("max_tokens", self.max_tokens, 0, None)
         _check_range("min_tokens", self.min_tokens, 0, None)
         _check_range("temperature", self.temperature, 0.0, 100.0)
+        if 0.0 < self.temperature < SMALLEST_DIVISOR:
+            raise ParamError(
+                "temperature",
+                f"temperature must be 0 (greedy) or at least {SMALLEST_DIVISOR:g},"
+                f" got {self.temperature}",
+            )
         _check_range("top_k", self.top_k, 0, None)
         _check_range("top_p", self.top_p, 0.0, 1.0)
         _check_range("min_p", self.min_p, 0.0, 1.0)
         _check_range("typical_p", self.typical_p, 0.0, 1.0)
-        _check_range("repeat_penalty", self.repeat_penalty, 0.0, 10.0)
+        _check_range("repeat_penalty", self.repeat_penalty, SMALLEST_DIVISOR, 10.0)  # 1: off
         _check_range("repeat_last_n", self.repeat_last_n, -1, None)
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)
@@ -238,15 +247,21 @@ def parse_choices_params(entries: object) -> tuple[Overrides, ...]:
             entry = dict(entry)
         if not isinstance(entry, Mapping):
             raise ParamError(f"choices_params[{i}]", f"choices_params[{i}] must be an object")
-        pairs = []
-        for key, value in entry.items():
-            name = f"choices_params[{i}].{key}"
-            if key not in BRANCH_FIELDS:
-                allowed = ", ".join(sorted(BRANCH_FIELDS))
-                raise ParamError(name, f"{name} cannot be set per branch; allowed: {allowed}")
-            pairs.append((key, _typed(name, _FIELD_TYPES[key], value)))
-        parsed.append(tuple(sorted(pairs)))
+        parsed.append(branch_overrides(entry, f"choices_params[{i}]."))
     return tuple(parsed)
+
+
+def branch_overrides(entry: Mapping[str, object], where: str = "") -> Overrides:
+    """One branch's settings as a client sent them (`where` prefixes the field's name in
+    errors), each value checked for its type; its range is SamplingParams' to check."""
+    pairs = []
+    for key, value in entry.items():
+        name = f"{where}{key}"
+        if key not in BRANCH_FIELDS:
+            allowed = ", ".join(sorted(BRANCH_FIELDS))
+            raise ParamError(name, f"{name} cannot be set per branch; allowed: {allowed}")
+        pairs.append((key, _typed(name, _FIELD_TYPES[key], value)))
+    return tuple(sorted(pairs))
 
 
 def _typed(name: str, kind: object, value: object) -> object:

@@ -151,6 +151,9 @@ def test_drop_refill_and_steer_change_one_choice_while_the_others_stream_on(
     }
     refilled = act(server, "DELETE", f"{choice}/3", {"refill": True})
     assert refilled.status_code == 200 and refilled.json()["refill"] == 4
+    # the refill is a choice to act on at once, before its first token has streamed
+    early = act(server, "PATCH", f"{choice}/4", {"min_p": 0.05})
+    assert early.status_code == 200 and early.json()["steered"] == ["min_p"], early.text
     steered = act(server, "PATCH", f"{choice}/0", {"temperature": 0.5, "append": " Green fire"})
     assert steered.status_code == 200, steered.text
     assert steered.json()["steered"] == ["temperature"] and steered.json()["appended_tokens"] >= 2
@@ -239,6 +242,14 @@ def test_only_the_caller_may_act_and_bad_bodies_name_the_field(server: RunningSe
         ({"temperature": -3}, "temperature"),
         ({}, None),
         ({"append": "x" * 5000}, "append"),
+        # typed and bounded as a request's own fields: none reaches the engine
+        ({"top_k": 1.5}, "top_k"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"temperature": None}, "temperature"),
+        ({"dry_sequence_breakers": "abc", "dry_multiplier": 0.5}, "dry_sequence_breakers"),
+        ({"repeat_last_n": 2**31 - 1, "repeat_penalty": 1.1}, "repeat_last_n"),  # > n_ctx
+        ({"dry_penalty_last_n": 2**31 - 1, "dry_multiplier": 0.8}, "dry_penalty_last_n"),
+        ({"repeat_penalty": 0}, "repeat_penalty"),
     ):
         answer = act(server, "PATCH", f"{base}/0", body, headers=mine)
         assert answer.status_code == 400, body

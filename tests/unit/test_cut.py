@@ -288,3 +288,13 @@ def test_a_draw_follows_the_softmax_and_never_a_masked_token() -> None:
     want = softmax(row.astype(np.float64) * scale)
     assert draws[3] == draws[100] == 0
     assert 0.5 * np.abs(draws / draws.sum() - want).sum() < 0.03  # total variation
+
+
+def test_a_draw_from_a_row_without_finite_weights_says_so_and_ends() -> None:
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal(64 * 4).astype(np.float32)
+    # a repeat penalty of 0 on every token: the positive ones / 0, the others * 0
+    penalized = np.where(logits > 0, np.inf, 0.0).astype(np.float32)
+    for row in (penalized, np.full(64 * 4, np.nan, np.float32)):
+        with np.errstate(invalid="ignore"), pytest.raises(ValueError, match="no token to draw"):
+            Row(row).draw(1.0, rng)

@@ -179,6 +179,33 @@ def test_a_call_s_candidates_are_sorted_as_the_host_path_reads_a_cut(seed: int) 
             _rows.sort_candidates(ids, values, stride, [at], k, marked, *out)
 
 
+def test_the_pick_loop_refuses_misshapen_candidates_and_reads_the_work_it_was_given() -> None:
+    # one row of 4 candidates, sorted as DeviceCut.read leaves them
+    ids, values = np.array([7, 5, 2, 0]), np.array([3, 2, 1, 0], np.float32)
+    holds, eog = np.zeros(1, np.bool_), np.empty(0, np.int64)
+    greedy = (0, 0, 1, 1.0, 0.0)  # (chain, kind, top_k, scale, log_min_p): needs no chain
+
+    def pick(k: int, work: list[object]) -> list[int | None]:
+        picked: list[int | None] = _rows.pick_candidates(
+            ids, values, k, holds, eog, False, 0, 0, work
+        )
+        return picked
+
+    assert pick(4, [(0, False, greedy)]) == [7]
+    # k must make len(ids) one row: 2**62 + 1 makes 4 of them in 64-bit arithmetic
+    for k in (0, -1, 2, 2**62 + 1):
+        with pytest.raises(ValueError, match="not k candidates a row"):
+            pick(k, [(0, False, greedy)])
+
+    class Slot:  # its conversion to an index empties the list being read
+        def __index__(self) -> int:
+            work.clear()
+            return 0
+
+    work: list[object] = [(Slot(), False, greedy), (0, False, greedy)]
+    assert pick(4, work) == [7, 7]  # what it was called with
+
+
 def test_only_rows_holding_end_of_generation_are_masked_and_all_pick_the_same(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

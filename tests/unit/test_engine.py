@@ -255,18 +255,40 @@ def test_a_decode_error_fails_the_requests_in_the_batch_and_the_engine_goes_on()
     assert out.last("queued").error is None
 
 
-def test_an_unexpected_error_in_a_step_fails_what_is_in_flight_and_keeps_serving() -> None:
+def test_a_branch_that_cannot_sample_ends_its_request_alone() -> None:
     engine, _ = make_engine()
-    broken = make_request("broken", story(40))
+    broken = make_request("broken", story(40), n=2, max_tokens=4)
+    fine = make_request("fine", story(30), n=2, max_tokens=4)
 
     class Broken(FakeSampler):
         def sample(self, row: Row, *rest: object) -> int:
             raise RuntimeError("sampler exploded")
 
-    broken.branches[0].sampler = Broken()
+    broken.branches[1].sampler = Broken()
     engine.add(broken)
+    engine.add(fine)
     out = run(engine)
-    assert out.last("broken").error == "engine error: sampler exploded"
+    assert out.last("broken").error == "sampling failed: RuntimeError: sampler exploded"
+    assert out.reasons("broken") == {0: FinishReason.ERROR, 1: FinishReason.ERROR}
+    assert out.tokens("fine") == {i: expected(fine.prompt, i, 4) for i in range(2)}
+    assert out.last("fine").error is None
+    assert engine.scheduler.budget.live == 0 and engine.scheduler.budget.cells_reserved == 0
+    check_kv(engine)
+
+
+def test_an_unexpected_error_in_a_step_fails_what_is_in_flight_and_keeps_serving() -> None:
+    engine, _ = make_engine()
+    first = make_request("first", story(40))
+    stage = engine.sampling.run
+
+    def exploding(*args: Any) -> Any:
+        engine.sampling.run = stage  # type: ignore[method-assign]
+        raise RuntimeError("stage exploded")
+
+    engine.sampling.run = exploding  # type: ignore[method-assign]
+    engine.add(first)
+    out = run(engine)
+    assert out.last("first").error == "engine error: stage exploded"
     assert engine.scheduler.budget.live == 0 and engine.scheduler.budget.cells_reserved == 0
     check_kv(engine)
     fine = make_request("fine", story(40), max_tokens=3)

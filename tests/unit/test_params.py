@@ -15,6 +15,11 @@ from llama_srb.sampling.params import ParamError, SamplingParams
         ("top_k", -2),
         ("logprobs", 21),
         ("temperature", float("nan")),
+        # divisors of the logits: near 0 they make them inf, the row's weights NaN
+        ("temperature", 5e-324),
+        ("temperature", 1e-7),
+        ("repeat_penalty", 0.0),
+        ("repeat_penalty", 1e-300),
     ],
 )
 def test_out_of_range_values_name_the_parameter(field: str, value: float) -> None:
@@ -22,6 +27,11 @@ def test_out_of_range_values_name_the_parameter(field: str, value: float) -> Non
         SamplingParams(**{field: value})
     assert info.value.param == field
     assert field in str(info.value)
+
+
+def test_a_greedy_temperature_and_the_smallest_divisors_are_taken() -> None:
+    assert SamplingParams(temperature=0.0).greedy
+    assert not SamplingParams(temperature=1e-6, repeat_penalty=1e-6).greedy
 
 
 def test_request_fields_left_unset_take_the_declared_defaults() -> None:

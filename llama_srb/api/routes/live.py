@@ -33,7 +33,7 @@ from llama_srb.api.routes.generate import Prepare, respond
 from llama_srb.api.state import AppState
 from llama_srb.engine.build import Built, build_refill, build_steer
 from llama_srb.sampling.branch import BranchSampler
-from llama_srb.sampling.params import BRANCH_FIELDS, SamplingParams
+from llama_srb.sampling.params import BRANCH_FIELDS, SamplingParams, branch_overrides
 
 router = APIRouter()
 M = TypeVar("M", bound=BaseModel)
@@ -140,7 +140,7 @@ async def drop(response_id: str, index: int, http: Request, state: State) -> JSO
             )
         refilled = await loaded.runtime.drop(call.request_ids[position], branch, refill)
     if refilled is not None:
-        call.refills += 1
+        call.refilled(refilled)
     return JSONResponse(
         {"id": response_id, "index": index, "finish_reason": "dropped", "refill": refilled}
     )
@@ -173,12 +173,14 @@ async def steer(
         raise APIError(
             400, "a constrained choice follows its grammar: it takes no `append`", "append"
         )
-    steered = {**call.steered.get(index, {}), **changes}
+    # each value's type checked here, its range by SamplingParams (ParamError: a 400
+    # naming the field), its model limits once the model is at hand
+    steered = {**call.steered.get(index, {}), **dict(branch_overrides(changes))}
     params = (
         dataclasses.replace(spec.params.for_branch(branch), choices_params=(), **steered)
         if changes
         else None
-    )  # SamplingParams checks each field (ParamError: a 400 naming it)
+    )
 
     def discard(built: tuple[Built[BranchSampler] | None, list[int]]) -> None:
         if built[0] is not None:
@@ -186,6 +188,8 @@ async def steer(
 
     async with state.use(call.model) as slot:
         loaded = slot.ready()
+        if params is not None:
+            params.check_model_limits(loaded.model.n_vocab, loaded.n_ctx)
 
         def build() -> tuple[Built[BranchSampler] | None, list[int]]:
             seed = _seed(spec.params, branch)
